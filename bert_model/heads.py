@@ -1,0 +1,266 @@
+"""Task heads on top of BertModel: pretraining (MLM + NSP), sequence / token classification, extractive QA.
+
+References: Devlin et al. (2019), section 3.1 (masked LM and next-sentence prediction) and section 4 / figure 4
+(fine-tuning: [CLS] -> linear for classification, per-token linear for tagging, start/end vectors for SQuAD).
+Losses are computed only when labels are given; -100 marks positions without a label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bert_model.checkpoint import PreTrainedMixin
+from bert_model.config import BertConfig
+from bert_model.modeling import BertModel, activation
+
+IGNORE_INDEX = -100
+
+
+# ---- outputs ------------------------------------------------------------------------------------------
+@dataclass
+class PreTrainingOutput:
+    prediction_logits: torch.Tensor
+    """Masked-LM logits over the vocabulary: (B, S, V) without labels; with labels only the labelled
+    positions are decoded (the vocabulary projection dominates the head's cost), giving (M, V) for the
+    M positions where labels != -100, in row-major order (`labels[labels != -100]` lines up with it)."""
+    seq_relationship_logits: torch.Tensor
+    """(B, 2) next-sentence logits: index 0 = IsNext, 1 = NotNext (BERT's convention)."""
+    loss: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+
+
+@dataclass
+class SequenceClassifierOutput:
+    logits: torch.Tensor
+    """(B, num_labels)."""
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class TokenClassifierOutput:
+    logits: torch.Tensor
+    """(B, S, num_labels)."""
+    loss: torch.Tensor | None = None
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    start_logits: torch.Tensor
+    """(B, S) score of each token as the answer start."""
+    end_logits: torch.Tensor
+    """(B, S) score of each token as the answer end."""
+    loss: torch.Tensor | None = None
+
+
+# ---- pretraining heads --------------------------------------------------------------------------------
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Transform, then a decoder whose weight is tied to the word embeddings (plus its own bias)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder.bias = self.bias
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(hidden_states))  # (B, S, V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, sequence_output: torch.Tensor, pooled_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.predictions(sequence_output), self.seq_relationship(pooled_output)
+
+
+class BertForPreTraining(PreTrainedMixin, nn.Module):
+    """BERT with the masked-LM head (tied to the word embeddings) and the next-sentence head."""
+
+    tied_weights: ClassVar[dict[str, str]] = {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight"
+    }
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=True)
+        self.cls = BertPreTrainingHeads(config)
+        self.init_weights()
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the MLM decoder matrix with the input word embeddings (one parameter, two uses)."""
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        encoded = self.bert(input_ids, attention_mask, token_type_ids)
+        assert encoded.pooler_output is not None
+        if labels is None:
+            mlm_logits = self.cls.predictions(encoded.last_hidden_state)
+        else:
+            # Decode only the labelled positions: the vocabulary projection dominates the head's cost.
+            mlm_logits = self._sparse_mlm_logits(encoded.last_hidden_state, labels)
+        nsp_logits = self.cls.seq_relationship(encoded.pooler_output)
+        output = PreTrainingOutput(prediction_logits=mlm_logits, seq_relationship_logits=nsp_logits)
+        if labels is not None:
+            output.mlm_loss = self._mlm_loss(output.prediction_logits, labels)
+            output.loss = output.mlm_loss
+        if next_sentence_label is not None:
+            output.nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1))
+            output.loss = output.nsp_loss if output.loss is None else output.loss + output.nsp_loss
+        return output
+
+    def _sparse_mlm_logits(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """(M, V) logits of the M labelled positions only."""
+        return self.cls.predictions(hidden[labels != IGNORE_INDEX])
+
+    @staticmethod
+    def _mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        targets = labels[labels != IGNORE_INDEX]  # (M,)
+        if targets.numel() == 0:
+            return logits.sum() * 0.0  # no masked position in the batch: zero loss, graph kept
+        return F.cross_entropy(logits.float(), targets)
+
+
+# ---- fine-tuning heads --------------------------------------------------------------------------------
+class BertForSequenceClassification(PreTrainedMixin, nn.Module):
+    """[CLS] -> pooler -> dropout -> linear. Cross-entropy loss (or MSE for one-output regression)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        if config.num_labels < 1:
+            raise ValueError("sequence classification needs labels: set config.id2label (e.g. with_labels)")
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=True)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    @property
+    def is_regression(self) -> bool:
+        return self.config.problem_type == "regression" or (
+            self.config.num_labels == 1 and self.config.problem_type is None
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> SequenceClassifierOutput:
+        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
+        assert pooled is not None
+        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+        output = SequenceClassifierOutput(logits=logits)
+        if labels is not None:
+            if self.is_regression:
+                output.loss = F.mse_loss(logits.float().squeeze(-1), labels.float().view(-1))
+            else:
+                output.loss = F.cross_entropy(logits.float(), labels.view(-1))
+        return output
+
+
+class BertForTokenClassification(PreTrainedMixin, nn.Module):
+    """Per-token linear classifier (NER). Loss ignores label -100 (special tokens, later word pieces)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        if config.num_labels < 1:
+            raise ValueError("token classification needs labels: set config.id2label (e.g. with_labels)")
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> TokenClassifierOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        logits = self.classifier(self.dropout(hidden))  # (B, S, num_labels)
+        output = TokenClassifierOutput(logits=logits)
+        if labels is not None:
+            output.loss = F.cross_entropy(
+                logits.float().view(-1, self.config.num_labels), labels.view(-1), ignore_index=IGNORE_INDEX
+            )
+        return output
+
+
+class BertForQuestionAnswering(PreTrainedMixin, nn.Module):
+    """Start and end logits per token (SQuAD span extraction); loss = mean of the two cross-entropies."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,
+        end_positions: torch.Tensor | None = None,
+    ) -> QuestionAnsweringOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        start_logits, end_logits = self.qa_outputs(hidden).split(1, dim=-1)  # 2 x (B, S, 1)
+        output = QuestionAnsweringOutput(
+            start_logits=start_logits.squeeze(-1).contiguous(), end_logits=end_logits.squeeze(-1).contiguous()
+        )
+        if start_positions is not None and end_positions is not None:
+            # Positions outside the window (answer not in it) are clamped to S and ignored.
+            ignored = output.start_logits.shape[1]
+            starts = start_positions.view(-1).clamp(0, ignored)
+            ends = end_positions.view(-1).clamp(0, ignored)
+            start_loss = F.cross_entropy(output.start_logits.float(), starts, ignore_index=ignored)
+            end_loss = F.cross_entropy(output.end_logits.float(), ends, ignore_index=ignored)
+            output.loss = (start_loss + end_loss) / 2
+        return output
+
+
+def _classifier_dropout(config: BertConfig) -> float:
+    return config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+
+
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "BertModel": BertModel,
+    "BertForPreTraining": BertForPreTraining,
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "BertForTokenClassification": BertForTokenClassification,
+    "BertForQuestionAnswering": BertForQuestionAnswering,
+}

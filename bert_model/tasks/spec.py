@@ -1,0 +1,142 @@
+"""The serving contract between export (writes bundles) and the service (reads them).
+
+A serving bundle is a folder:
+
+    manifest.json          this module's `BundleManifest`, as JSON
+    tokenizer/             vocab.txt, tokenizer.json, tokenizer_config.json (BertTokenizer.save)
+    <variant>.onnx         one ONNX graph per precision variant (cpu-fp32, cpu-int8, gpu-fp16, ...)
+
+Graph input/output names and dynamic axes are data, here, not strings scattered over export and service.
+Torch-free and onnx-free.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Task = Literal["classify", "qa", "ner", "embed"]
+TASKS: tuple[str, ...] = ("classify", "qa", "ner", "embed")
+MANIFEST_FILE = "manifest.json"
+TOKENIZER_DIR = "tokenizer"
+FORMAT_VERSION = 1
+
+INPUT_NAMES: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
+"""Every graph takes these int64 (batch_size, sequence_length) inputs, in this order."""
+
+OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
+    "classify": ("logits",),  # (batch_size, num_labels)
+    "qa": ("start_logits", "end_logits"),  # (batch_size, sequence_length) each
+    "ner": ("logits",),  # (batch_size, sequence_length, num_labels)
+    "embed": ("last_hidden_state",),  # (batch_size, sequence_length, hidden)
+}
+
+DYNAMIC_AXES: dict[str, dict[int, str]] = {
+    "input_ids": {0: "batch_size", 1: "sequence_length"},
+    "attention_mask": {0: "batch_size", 1: "sequence_length"},
+    "token_type_ids": {0: "batch_size", 1: "sequence_length"},
+    "logits@classify": {0: "batch_size"},
+    "logits@ner": {0: "batch_size", 1: "sequence_length"},
+    "start_logits": {0: "batch_size", 1: "sequence_length"},
+    "end_logits": {0: "batch_size", 1: "sequence_length"},
+    "last_hidden_state": {0: "batch_size", 1: "sequence_length"},
+}
+
+
+def dynamic_axes(task: str) -> dict[str, dict[int, str]]:
+    """The dynamic axes of every input and output of a `task` graph (torch.onnx.export's argument)."""
+    axes = {name: DYNAMIC_AXES[name] for name in INPUT_NAMES}
+    for name in OUTPUT_NAMES[task]:
+        axes[name] = DYNAMIC_AXES.get(f"{name}@{task}", DYNAMIC_AXES.get(name, {0: "batch_size"}))
+    return axes
+
+
+@dataclass
+class VariantSpec:
+    """One ONNX graph of the bundle."""
+
+    file: str
+    """File name inside the bundle, e.g. `cpu-int8.onnx`."""
+    provider: str
+    """The ONNX Runtime execution provider it is built for (`CPUExecutionProvider`, `CUDAExecutionProvider`)."""
+    precision: str
+    """`fp32`, `int8`, `fp16`, `bf16`."""
+    parity: dict[str, Any] = field(default_factory=dict)
+    """Accuracy figures measured against PyTorch at export (max_abs_diff, label_agreement, f1_delta...)."""
+    fused_ops: dict[str, int] = field(default_factory=dict)
+    """Counts of fused operators in the graph (Attention, SkipLayerNormalization, ...)."""
+
+
+@dataclass
+class BundleManifest:
+    """manifest.json: everything the service needs to serve a bundle without torch."""
+
+    name: str
+    """Model name the service exposes (e.g. `minilm-sst2`)."""
+    task: str
+    """One of TASKS."""
+    max_seq_length: int
+    """Longest input (tokens, specials included) the graphs accept."""
+    variants: dict[str, VariantSpec]
+    """Variant name -> graph."""
+    labels: list[str] = field(default_factory=list)
+    """Class names by index (classify, ner); empty for qa / embed."""
+    lowercase: bool = True
+    """Whether the tokenizer lower-cases (informational; the tokenizer folder is authoritative)."""
+    default_variants: dict[str, str] = field(default_factory=dict)
+    """Preferred variant per hardware: {"cpu": "cpu-int8", "gpu": "gpu-fp16"}."""
+    source: dict[str, Any] = field(default_factory=dict)
+    """Where it came from: model path or name, export options, creation time, versions."""
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        self.variants = {
+            name: spec if isinstance(spec, VariantSpec) else VariantSpec(**spec) for name, spec in self.variants.items()
+        }
+        if self.task not in TASKS:
+            raise ValueError(f"manifest task {self.task!r} is not one of {TASKS}")
+        if not self.variants:
+            raise ValueError("a bundle needs at least one variant")
+        if self.max_seq_length < 8:
+            raise ValueError(f"max_seq_length {self.max_seq_length} is too small")
+        if self.task in ("classify", "ner") and not self.labels:
+            raise ValueError(f"a {self.task} bundle needs labels")
+        for hardware, variant in self.default_variants.items():
+            if variant not in self.variants:
+                raise ValueError(f"default variant {variant!r} for {hardware} is not among {sorted(self.variants)}")
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return OUTPUT_NAMES[self.task]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    def write(self, bundle_dir: str | Path) -> Path:
+        path = Path(bundle_dir) / MANIFEST_FILE
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def read(cls, bundle_dir: str | Path) -> BundleManifest:
+        """Read and validate `bundle_dir/manifest.json`; errors name the bundle and the problem."""
+        path = Path(bundle_dir) / MANIFEST_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{bundle_dir} is not a serving bundle: no {MANIFEST_FILE}")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from error
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(f"{path} has format_version {version!r}; this build reads {FORMAT_VERSION}")
+        try:
+            manifest = cls(**data)
+        except TypeError as error:
+            raise ValueError(f"{path} does not match the manifest schema: {error}") from error
+        for name, variant in manifest.variants.items():
+            if not (Path(bundle_dir) / variant.file).is_file():
+                raise FileNotFoundError(f"bundle {bundle_dir}: variant {name!r} file {variant.file} is missing")
+        return manifest

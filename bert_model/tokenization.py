@@ -1,0 +1,271 @@
+"""WordPiece tokenization through the Hugging Face `tokenizers` library (Rust), never hand-written.
+
+`BertTokenizer` builds the BERT pipeline (BertNormalizer -> BertPreTokenizer -> WordPiece -> [CLS] A [SEP]
+B [SEP] template) from a `vocab.txt`, or loads a `tokenizer.json`. Any padding or truncation baked into a
+shipped `tokenizer.json` is switched off: lengths are decided per call (`max_length`, `truncation`), and
+padding to a batch happens in `pad()` with numpy. Torch-free: the service uses this module.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+
+from bert_model.registry import resolve_model_path
+
+Truncation = Literal["longest_first", "only_first", "only_second", "none"]
+TRUNCATION_STRATEGIES: tuple[str, ...] = ("longest_first", "only_first", "only_second", "none")
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+class InputTooLongError(ValueError):
+    """The text needs more tokens than allowed and truncation is off."""
+
+
+class BertTokenizer:
+    """A BERT WordPiece tokenizer with per-call truncation, pairs, offsets and numpy batching."""
+
+    def __init__(self, tokenizer: Tokenizer, lowercase: bool, model_max_length: int = 512) -> None:
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tokenizer = tokenizer
+        self.lowercase = lowercase
+        self.model_max_length = model_max_length
+        vocab = tokenizer.get_vocab()
+        missing = [token for token in SPECIAL_TOKENS if token not in vocab]
+        if missing:
+            raise ValueError(f"the vocabulary lacks BERT's special tokens {missing}")
+        self._lock = threading.Lock()
+        self._truncating_copies: dict[tuple[int, str, int], Tokenizer] = {}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (vocab[t] for t in SPECIAL_TOKENS)
+
+    # ---- construction --------------------------------------------------------------------------------
+    @classmethod
+    def from_vocab(cls, vocab_file: str | Path, lowercase: bool = True, model_max_length: int = 512) -> BertTokenizer:
+        """The BERT pipeline over a `vocab.txt` (one token per line, id = line number)."""
+        path = Path(vocab_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"no vocabulary file at {path}")
+        vocab: dict[str, int] = {}
+        for index, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+            vocab.setdefault(line.rstrip("\n"), index)
+        if not vocab:
+            raise ValueError(f"{path} is empty")
+        return cls(build_wordpiece(vocab, lowercase), lowercase, model_max_length)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, lowercase: bool | None = None) -> BertTokenizer:
+        """From a model folder or built-in name: `tokenizer.json` if present, else `vocab.txt`.
+
+        Lower-casing follows `tokenizer_config.json` (`do_lower_case`) unless `lowercase` is given.
+        """
+        folder = resolve_model_path(name_or_path)
+        settings = _read_json(folder / "tokenizer_config.json")
+        max_length = int(settings.get("model_max_length", 512))
+        max_length = min(max_length, _max_positions(folder))
+        do_lower = bool(settings.get("do_lower_case", True)) if lowercase is None else lowercase
+        if (folder / "tokenizer.json").is_file() and lowercase is None:
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            return cls(tokenizer, _normalizer_lowercases(tokenizer, do_lower), max_length)
+        if (folder / "vocab.txt").is_file():
+            return cls.from_vocab(folder / "vocab.txt", lowercase=do_lower, model_max_length=max_length)
+        raise FileNotFoundError(f"no tokenizer in {folder}: expected tokenizer.json or vocab.txt")
+
+    def save(self, folder: str | Path) -> Path:
+        """Write vocab.txt, tokenizer.json and tokenizer_config.json (loadable by `transformers`)."""
+        target = Path(folder)
+        target.mkdir(parents=True, exist_ok=True)
+        by_id = sorted(self._tokenizer.get_vocab().items(), key=lambda item: item[1])
+        (target / "vocab.txt").write_text("".join(token + "\n" for token, _ in by_id), encoding="utf-8")
+        self._tokenizer.save(str(target / "tokenizer.json"))
+        config = {
+            "do_lower_case": self.lowercase,
+            "model_max_length": self.model_max_length,
+            "tokenizer_class": "BertTokenizer",
+            "unk_token": "[UNK]",
+            "sep_token": "[SEP]",
+            "pad_token": "[PAD]",
+            "cls_token": "[CLS]",
+            "mask_token": "[MASK]",
+        }
+        (target / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return target
+
+    # ---- vocabulary ----------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
+    def id_to_token(self, index: int) -> str | None:
+        return self._tokenizer.id_to_token(index)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        return [self._tokenizer.id_to_token(int(i)) or "[UNK]" for i in ids]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens))
+
+    @property
+    def backend(self) -> Tokenizer:
+        """The underlying `tokenizers.Tokenizer` (no truncation, no padding)."""
+        return self._tokenizer
+
+    # ---- encoding ------------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[str]:
+        """Word pieces of `text`, without special tokens."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).tokens)
+
+    def encode(
+        self,
+        text: str,
+        pair: str | None = None,
+        *,
+        max_length: int | None = None,
+        truncation: Truncation = "longest_first",
+        stride: int = 0,
+        add_special_tokens: bool = True,
+    ) -> Encoding:
+        """Encode a text or a (text, pair); `encoding.overflowing` holds further windows when truncating.
+
+        `max_length` defaults to the model's maximum; `truncation="none"` raises InputTooLongError instead
+        of cutting. Offsets are character offsets into the text (or the pair) each token came from.
+        """
+        return self.encode_batch(
+            [text],
+            [pair] if pair is not None else None,
+            max_length=max_length,
+            truncation=truncation,
+            stride=stride,
+            add_special_tokens=add_special_tokens,
+        )[0]
+
+    def encode_batch(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        *,
+        max_length: int | None = None,
+        truncation: Truncation = "longest_first",
+        stride: int = 0,
+        add_special_tokens: bool = True,
+    ) -> list[Encoding]:
+        """Encode many inputs at once (in parallel, in Rust)."""
+        _check_texts(texts, "texts")
+        if pairs is not None:
+            _check_texts(pairs, "pairs")
+            if len(pairs) != len(texts):
+                raise ValueError(f"got {len(texts)} texts but {len(pairs)} pairs")
+        limit = self.model_max_length if max_length is None else max_length
+        if limit > self.model_max_length:
+            raise ValueError(f"max_length {limit} exceeds the model's maximum of {self.model_max_length} tokens")
+        if truncation not in TRUNCATION_STRATEGIES:
+            raise ValueError(f"truncation must be one of {TRUNCATION_STRATEGIES}, got {truncation!r}")
+        inputs: list[str | tuple[str, str]] = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
+        tokenizer = self._tokenizer if truncation == "none" else self._truncating(limit, truncation, stride)
+        encodings = tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        if truncation == "none":
+            for index, encoding in enumerate(encodings):
+                if len(encoding.ids) > limit:
+                    raise InputTooLongError(
+                        f"input {index} has {len(encoding.ids)} tokens, more than the maximum of {limit}: "
+                        "shorten it or enable truncation"
+                    )
+        return list(encodings)
+
+    def _truncating(self, max_length: int, strategy: str, stride: int) -> Tokenizer:
+        # Truncation is state of a `tokenizers.Tokenizer`: keep one configured copy per setting and never
+        # mutate the shared one, since requests are encoded concurrently.
+        key = (max_length, strategy, stride)
+        with self._lock:
+            tokenizer = self._truncating_copies.get(key)
+            if tokenizer is None:
+                tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
+                tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy)
+                self._truncating_copies[key] = tokenizer
+            return tokenizer
+
+    def pad(self, encodings: Sequence[Encoding], pad_to: int | None = None) -> dict[str, np.ndarray]:
+        """Stack encodings into int64 arrays (B, S) padded with [PAD] to the longest (or `pad_to`)."""
+        return pad_encodings(encodings, self.pad_id, pad_to)
+
+    def __call__(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        *,
+        max_length: int | None = None,
+        truncation: Truncation = "longest_first",
+    ) -> dict[str, np.ndarray]:
+        """Encode and pad a batch: `input_ids`, `attention_mask`, `token_type_ids` as int64 arrays."""
+        return self.pad(self.encode_batch(texts, pairs, max_length=max_length, truncation=truncation))
+
+
+def pad_encodings(encodings: Sequence[Encoding], pad_id: int, pad_to: int | None = None) -> dict[str, np.ndarray]:
+    """Right-pad encodings into `input_ids`, `attention_mask`, `token_type_ids` int64 arrays of shape (B, S)."""
+    if not encodings:
+        raise ValueError("cannot pad an empty batch")
+    longest = max(len(e.ids) for e in encodings)
+    width = longest if pad_to is None else pad_to
+    if width < longest:
+        raise ValueError(f"pad_to={pad_to} is shorter than the longest encoding ({longest})")
+    input_ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(encodings), width), dtype=np.int64)
+    token_type_ids = np.zeros((len(encodings), width), dtype=np.int64)
+    for row, encoding in enumerate(encodings):
+        length = len(encoding.ids)
+        input_ids[row, :length] = encoding.ids
+        attention_mask[row, :length] = 1
+        token_type_ids[row, :length] = encoding.type_ids
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+
+
+def build_wordpiece(vocab: dict[str, int], lowercase: bool) -> Tokenizer:
+    """BERT's tokenization pipeline (Devlin et al. 2019, appendix A.2) over a WordPiece vocabulary."""
+    tokenizer = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cls_id, sep_id = vocab["[CLS]"], vocab["[SEP]"]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A:0 [SEP]:0",
+        pair="[CLS] $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tokenizer.decoder = decoders.WordPiece(prefix="##")
+    return tokenizer
+
+
+def _check_texts(texts: Sequence[str], name: str) -> None:
+    if isinstance(texts, str):
+        raise TypeError(f"{name} must be a list of strings, not a single string")
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{name}[{index}] must be a string, got {type(text).__name__}")
+
+
+def _normalizer_lowercases(tokenizer: Tokenizer, default: bool) -> bool:
+    state = json.loads(tokenizer.to_str()).get("normalizer") or {}
+    return bool(state.get("lowercase", default))
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def _max_positions(folder: Path) -> int:
+    config = _read_json(folder / "config.json")
+    return int(config.get("max_position_embeddings", 512))

@@ -1,0 +1,1 @@
+"""The `bertserve` command line: one entry point whose subcommands map to the pipeline stages."""

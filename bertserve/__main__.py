@@ -1,0 +1,3 @@
+from bertserve.cli import main
+
+main()

@@ -1,0 +1,28 @@
+"""Turn user mistakes into a one-line error and exit status 2, instead of a traceback."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+
+USER_ERRORS = (
+    ValueError,
+    TypeError,
+    FileNotFoundError,
+    NotADirectoryError,
+    PermissionError,
+    json.JSONDecodeError,
+)
+
+
+@contextmanager
+def exit_on_user_error() -> Iterator[None]:
+    """Print `error: <message>` to stderr and exit 2 on a user-triggerable error."""
+    try:
+        yield
+    except USER_ERRORS as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(code=2) from error
