@@ -1,0 +1,120 @@
+"""Sequence classification: encode texts or text pairs, and turn logits into ranked `{label, score}` lists.
+
+Reference: Devlin et al. (2019), section 4.1 (GLUE): the [CLS] representation feeds a linear layer and a
+softmax over the labels. One feature per input; texts longer than `max_seq_length` are truncated
+(`longest_first`), or refused with `InputTooLongError` when `truncation="none"`. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, TypedDict
+
+import numpy as np
+
+from bert_model.tasks.features import Feature, OutputRows, check_aligned
+from bert_model.tasks.numeric import sigmoid, softmax, top_k
+from bert_model.tokenization import BertTokenizer, Truncation
+
+ScoreFunction = Literal["softmax", "sigmoid", "none"]
+SCORE_FUNCTIONS: tuple[str, ...] = ("softmax", "sigmoid", "none")
+
+
+class LabelScore(TypedDict):
+    """One ranked class: its name and its probability (or raw score with `function="none"`)."""
+
+    label: str
+    score: float
+
+
+@dataclass(eq=False)
+class ClassificationFeature(Feature):
+    """One encoded text (or text pair); classification has exactly one feature per input."""
+
+
+def build_classification_features(
+    tokenizer: BertTokenizer,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None = None,
+    *,
+    max_seq_length: int = 128,
+    truncation: Truncation = "longest_first",
+) -> list[ClassificationFeature]:
+    """Encode `texts` (and `pairs`, as second segments) into one feature per input, in order."""
+    encodings = tokenizer.encode_batch(texts, pairs, max_length=max_seq_length, truncation=truncation)
+    return [
+        ClassificationFeature(request_index=index, input_ids=list(e.ids), token_type_ids=list(e.type_ids))
+        for index, e in enumerate(encodings)
+    ]
+
+
+def classification_scores(logits: np.ndarray, function: ScoreFunction = "softmax") -> np.ndarray:
+    """(B, C) logits -> (B, C) scores: softmax probabilities, independent sigmoids, or the raw logits."""
+    values = np.asarray(logits, dtype=np.float32)
+    if values.ndim != 2:
+        raise ValueError(f"classification logits must have shape (batch, num_labels), got {values.shape}")
+    if function == "softmax":
+        return softmax(values, axis=-1)
+    if function == "sigmoid":
+        return sigmoid(values)
+    if function == "none":
+        return values
+    raise ValueError(f"function must be one of {SCORE_FUNCTIONS}, got {function!r}")
+
+
+def classification_postprocess(
+    features: Sequence[Feature],
+    logits: OutputRows,
+    labels: Sequence[str],
+    *,
+    top_k: int | None = 1,
+    function: ScoreFunction = "softmax",
+) -> dict[int, list[LabelScore]]:
+    """Per request index: the `top_k` labels (None = all), best first, as `[{label, score}]`.
+
+    `logits` has one (num_labels,) row per feature, in the order of `features`. For a one-output regression
+    head use `function="none"`: the single score is the predicted value.
+    """
+    check_aligned(features, logits, "logits")
+    if not features:
+        return {}
+    rows = np.stack([feature_row_1d(row, len(labels)) for row in logits])
+    scores = classification_scores(rows, function)
+    results: dict[int, list[LabelScore]] = {}
+    for feature, row in zip(features, scores, strict=True):
+        order, values = _top(row, top_k)
+        results[feature.request_index] = [
+            {"label": labels[int(i)], "score": float(v)} for i, v in zip(order, values, strict=True)
+        ]
+    return results
+
+
+def predicted_label_ids(logits: np.ndarray) -> np.ndarray:
+    """(B, C) logits -> (B,) index of the best class (argmax, first on ties)."""
+    values = np.asarray(logits)
+    if values.ndim != 2:
+        raise ValueError(f"classification logits must have shape (batch, num_labels), got {values.shape}")
+    return np.argmax(values, axis=-1)
+
+
+def feature_row_1d(row: np.ndarray | Sequence[float], num_labels: int) -> np.ndarray:
+    """Check one logits row has exactly `num_labels` entries."""
+    values = np.asarray(row, dtype=np.float32)
+    if values.shape != (num_labels,):
+        raise ValueError(f"a logits row has shape {values.shape}, expected ({num_labels},) for {num_labels} labels")
+    return values
+
+
+def _top(row: np.ndarray, k: int | None) -> tuple[np.ndarray, np.ndarray]:
+    return top_k(row, None if k is None else min(k, row.shape[0]))
+
+
+__all__ = [
+    "ClassificationFeature",
+    "LabelScore",
+    "build_classification_features",
+    "classification_postprocess",
+    "classification_scores",
+    "predicted_label_ids",
+]

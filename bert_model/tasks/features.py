@@ -1,0 +1,85 @@
+"""Model inputs of the task functions: one `Feature` per model row, each remembering its request.
+
+Every task follows the same two-step shape, so a serving batcher can mix the features of many requests in one
+model batch:
+
+    requests --build_*_features--> [Feature, ...]   (a long input may give several features / windows)
+    features + output rows --*_postprocess--> {request_index: result}
+
+`collate` pads any list of features into the int64 arrays named in `bert_model.tasks.spec.INPUT_NAMES`.
+Post-processing accepts each feature's output row with or without padding (rows may come from batches padded
+to different lengths). Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+OutputRows = np.ndarray | Sequence[np.ndarray]
+"""Model outputs for a list of features: one row per feature, as one padded array or a list of rows."""
+
+
+@dataclass(eq=False)
+class Feature:
+    """One model input row: token ids and segment ids (specials included), no padding."""
+
+    request_index: int
+    """Index of the input (text, question, ...) this row was built from, in the list given to the builder.
+    A batcher may overwrite it with its own request number before post-processing."""
+    input_ids: list[int]
+    """Token ids, [CLS] ... [SEP] included."""
+    token_type_ids: list[int]
+    """Segment ids: 0 for the first text, 1 for the second."""
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def collate(
+    features: Sequence[Feature],
+    pad_id: int = 0,
+    *,
+    pad_to: int | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> dict[str, np.ndarray]:
+    """Right-pad features into `input_ids`, `attention_mask`, `token_type_ids` int64 arrays of shape (B, S).
+
+    S is the longest feature, or `pad_to`, rounded up to a multiple of `pad_to_multiple_of` when given.
+    """
+    if not features:
+        raise ValueError("cannot collate an empty list of features")
+    longest = max(len(f) for f in features)
+    width = longest if pad_to is None else pad_to
+    if width < longest:
+        raise ValueError(f"pad_to={pad_to} is shorter than the longest feature ({longest} tokens)")
+    if pad_to_multiple_of:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    input_ids = np.full((len(features), width), pad_id, dtype=np.int64)
+    attention_mask = np.zeros((len(features), width), dtype=np.int64)
+    token_type_ids = np.zeros((len(features), width), dtype=np.int64)
+    for row, feature in enumerate(features):
+        length = len(feature)
+        input_ids[row, :length] = feature.input_ids
+        attention_mask[row, :length] = 1
+        token_type_ids[row, :length] = feature.token_type_ids
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+
+
+def feature_row(feature: Feature, output: np.ndarray | Sequence[float], name: str = "output") -> np.ndarray:
+    """A feature's output row without padding: the first len(feature) positions along axis 0."""
+    row = np.asarray(output)
+    if row.ndim == 0 or row.shape[0] < len(feature):
+        raise ValueError(
+            f"{name} row has shape {row.shape}, shorter than its feature ({len(feature)} tokens): "
+            "outputs must line up with features one to one"
+        )
+    return row[: len(feature)]
+
+
+def check_aligned(features: Sequence[Feature], outputs: OutputRows, name: str) -> None:
+    """Raise ValueError unless there is exactly one output row per feature."""
+    if len(features) != len(outputs):
+        raise ValueError(f"got {len(features)} features but {len(outputs)} {name} rows")

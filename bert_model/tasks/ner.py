@@ -1,0 +1,356 @@
+"""Named-entity recognition: word/label alignment for training, windows, and entity grouping at inference.
+
+References: Devlin et al. (2019), section 5.3 (CoNLL-2003 NER as token classification: the label sits on the
+first word piece of each word, the other pieces are not predicted: label -100 at training); Tjong Kim Sang &
+De Meulder (2003) for the data; Ramshaw & Marcus (1995) for IOB1/IOB2 tags. Entity grouping follows the
+semantics of Hugging Face's token-classification pipeline (`aggregation_strategy`):
+
+- `none`: every token whose label is not ignored, with its own label and probability;
+- `simple`: tokens grouped into entities (a group continues while the type stays the same and the tag is not
+  B-), score = mean of the token scores;
+- `first` / `average` / `max`: tokens first merged into words (the label of the first piece / the argmax of
+  the averaged distributions / the label of the most confident piece), then words grouped as in `simple`.
+
+Words are the pre-tokenizer's words for raw text (BERT splits on whitespace and punctuation, as the pipeline's
+`##` test does), or the given words for pre-split input (CoNLL). Deviation from the pipeline, on purpose:
+`word` is always `text[start:end]`, the exact original characters (the pipeline decodes word pieces, which loses
+case and accents). Long texts are split into windows of `max_seq_length` tokens overlapping by `stride`; each
+token's prediction comes from the window where it sits farthest from the edge. Torch-free.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, TypedDict
+
+import numpy as np
+
+from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
+from bert_model.tasks.numeric import softmax
+from bert_model.tokenization import BertTokenizer
+
+IGNORE_INDEX = -100
+AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
+AGGREGATION_STRATEGIES: tuple[str, ...] = ("none", "simple", "first", "average", "max")
+NO_OFFSET = (0, 0)
+
+
+class Entity(TypedDict):
+    """One entity (or one token with `none`): `word == text[start:end]`, character offsets."""
+
+    entity_group: str
+    """The entity type (`PER`), or the token's full label (`B-PER`) with aggregation `none`."""
+    score: float
+    word: str
+    start: int
+    end: int
+
+
+@dataclass(eq=False)
+class NERFeature(Feature):
+    """One window of a text: [CLS] tokens [SEP]."""
+
+    text: str
+    """The whole original text (shared, not copied) that `offsets` index into."""
+    offsets: list[tuple[int, int]]
+    """Per token: its character span in `text`; (0, 0) for [CLS] and [SEP]."""
+    word_ids: list[int | None]
+    """Per token: index of its word in the whole text; None for [CLS] and [SEP]."""
+    word_starts: list[bool]
+    """Per token: True for the first piece of its word (judged over the whole text, not just this window)."""
+    owned_start: int
+    """First token index whose prediction this window contributes (tokens are shared with neighbours)."""
+    owned_end: int
+    """One past the last token index this window contributes."""
+    num_words: int
+    """Number of words of the whole text."""
+    window_index: int
+    """0 for the first window of a text, 1 for the next, ..."""
+
+
+@dataclass
+class TokenPredictions:
+    """The per-token probabilities of one whole text, windows merged (specials dropped)."""
+
+    text: str
+    probs: np.ndarray
+    """(T, num_labels) softmax probabilities."""
+    offsets: list[tuple[int, int]]
+    word_ids: list[int]
+    word_starts: list[bool]
+    num_words: int
+
+
+# ---- tags and labels -----------------------------------------------------------------------------------
+def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
+    """IOB1 (B- only between two adjacent entities of one type) -> IOB2 (every entity starts with B-).
+
+    Idempotent: valid IOB2 input comes back unchanged.
+    """
+    converted: list[str] = []
+    previous = "O"
+    for tag in tags:
+        if tag.startswith("I-") and (previous == "O" or previous[2:] != tag[2:]):
+            tag = "B-" + tag[2:]
+        converted.append(tag)
+        previous = tag
+    return converted
+
+
+def bio_labels(entity_types: Sequence[str]) -> list[str]:
+    """The label list `O, B-T1, I-T1, B-T2, I-T2, ...` for entity types in the given order."""
+    labels = ["O"]
+    for entity_type in entity_types:
+        labels += [f"B-{entity_type}", f"I-{entity_type}"]
+    return labels
+
+
+def split_tag(label: str) -> tuple[str, str]:
+    """`B-PER` -> ("B", "PER"), `I-PER` -> ("I", "PER"), anything else -> ("I", label) (the pipeline's rule)."""
+    if label.startswith(("B-", "I-")):
+        return label[0], label[2:]
+    return "I", label
+
+
+# ---- features ------------------------------------------------------------------------------------------
+def build_ner_features(
+    tokenizer: BertTokenizer, texts: Sequence[str], *, max_seq_length: int = 128, stride: int = 32
+) -> list[NERFeature]:
+    """Windows of raw texts, words = the pre-tokenizer's words; `request_index` = the text's index."""
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, not a single string")
+    features: list[NERFeature] = []
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {index} must be a string, got {type(text).__name__}")
+        encoding = tokenizer.backend.encode(text, add_special_tokens=False)
+        word_ids = [w if w is not None else -1 for w in encoding.word_ids]
+        num_words = max(word_ids, default=-1) + 1
+        offsets = [(int(s), int(e)) for s, e in encoding.offsets]
+        features += _windows(tokenizer, index, text, encoding.ids, offsets, word_ids, num_words, max_seq_length, stride)
+    return features
+
+
+def build_ner_word_features(
+    tokenizer: BertTokenizer,
+    sentences: Sequence[Sequence[str]],
+    *,
+    max_seq_length: int = 128,
+    stride: int = 32,
+) -> list[NERFeature]:
+    """Windows of pre-split sentences (CoNLL words): text = words joined by spaces, word ids = word positions."""
+    features: list[NERFeature] = []
+    for index, words in enumerate(sentences):
+        if isinstance(words, str):
+            raise TypeError(f"sentence {index} must be a list of words, not a string")
+        text, spans = join_words(words)
+        encoding = tokenizer.backend.encode(text, add_special_tokens=False)
+        offsets = [(int(s), int(e)) for s, e in encoding.offsets]
+        word_starts = [s for s, _ in spans]
+        word_ids = [bisect.bisect_right(word_starts, start) - 1 for start, _ in offsets]
+        features += _windows(
+            tokenizer, index, text, encoding.ids, offsets, word_ids, len(words), max_seq_length, stride
+        )
+    return features
+
+
+def join_words(words: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:
+    """Words joined by single spaces, and each word's character span in the result."""
+    spans: list[tuple[int, int]] = []
+    position = 0
+    for word in words:
+        if not isinstance(word, str) or not word:
+            raise ValueError(f"words must be non-empty strings, got {word!r}")
+        spans.append((position, position + len(word)))
+        position += len(word) + 1
+    return " ".join(words), spans
+
+
+def _windows(
+    tokenizer: BertTokenizer,
+    index: int,
+    text: str,
+    ids: Sequence[int],
+    offsets: list[tuple[int, int]],
+    word_ids: list[int],
+    num_words: int,
+    max_seq_length: int,
+    stride: int,
+) -> list[NERFeature]:
+    room = max_seq_length - 2
+    if room < 1 or not 0 <= stride < room:
+        raise ValueError(
+            f"need max_seq_length >= 3 and 0 <= stride < max_seq_length - 2, got {max_seq_length}, {stride}"
+        )
+    starts = [wid >= 0 and (t == 0 or word_ids[t - 1] != wid) for t, wid in enumerate(word_ids)]
+    bounds = window_bounds(len(ids), room, stride)
+    features = []
+    for number, ((first, stop), (own_first, own_stop)) in enumerate(bounds):
+        features.append(
+            NERFeature(
+                request_index=index,
+                input_ids=[tokenizer.cls_id, *ids[first:stop], tokenizer.sep_id],
+                token_type_ids=[0] * (stop - first + 2),
+                text=text,
+                offsets=[NO_OFFSET, *offsets[first:stop], NO_OFFSET],
+                word_ids=[None, *(w if w >= 0 else None for w in word_ids[first:stop]), None],
+                word_starts=[False, *starts[first:stop], False],
+                owned_start=own_first - first + 1,
+                owned_end=own_stop - first + 1,
+                num_words=num_words,
+                window_index=number,
+            )
+        )
+    return features
+
+
+def window_bounds(count: int, room: int, stride: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Token windows [first, stop) of at most `room` tokens overlapping by `stride`, and the part each owns.
+
+    Owned parts tile [0, count) without overlap; a shared stretch is split in its middle.
+    """
+    windows = [(0, min(room, count))]
+    while windows[-1][1] < count:
+        first = windows[-1][1] - stride
+        windows.append((first, min(first + room, count)))
+    cuts = [0] + [(windows[k + 1][0] + windows[k][1]) // 2 for k in range(len(windows) - 1)] + [count]
+    return [(window, (cuts[k], cuts[k + 1])) for k, window in enumerate(windows)]
+
+
+def align_labels(feature: NERFeature, word_labels: Sequence[int], ignore_index: int = IGNORE_INDEX) -> list[int]:
+    """Token labels for training: the word's label on its first piece, `ignore_index` on every other token."""
+    if len(word_labels) != feature.num_words:
+        raise ValueError(f"got {len(word_labels)} labels for a text of {feature.num_words} words")
+    return [
+        word_labels[word] if word is not None and first else ignore_index
+        for word, first in zip(feature.word_ids, feature.word_starts, strict=True)
+    ]
+
+
+# ---- predictions ---------------------------------------------------------------------------------------
+def ner_token_predictions(features: Sequence[NERFeature], logits: OutputRows) -> dict[int, TokenPredictions]:
+    """Per request index: softmax probabilities of every token of the text, windows merged in order."""
+    check_aligned(features, logits, "logits")
+    parts: dict[int, list[tuple[NERFeature, np.ndarray]]] = {}
+    for feature, row in zip(features, logits, strict=True):
+        rows = feature_row(feature, row, "logits")
+        if rows.ndim != 2:
+            raise ValueError(f"token logits rows must have shape (sequence, num_labels), got {rows.shape}")
+        parts.setdefault(feature.request_index, []).append((feature, rows))
+    return {index: _merge_windows(windows) for index, windows in parts.items()}
+
+
+def _merge_windows(windows: list[tuple[NERFeature, np.ndarray]]) -> TokenPredictions:
+    windows = sorted(windows, key=lambda item: item[0].window_index)
+    first = windows[0][0]
+    probs, offsets, word_ids, word_starts = [], [], [], []
+    for feature, rows in windows:
+        keep = slice(feature.owned_start, feature.owned_end)
+        probs.append(softmax(rows[keep], axis=-1))
+        offsets += feature.offsets[keep]
+        word_ids += [w if w is not None else -1 for w in feature.word_ids[keep]]
+        word_starts += feature.word_starts[keep]
+    return TokenPredictions(first.text, np.concatenate(probs), offsets, word_ids, word_starts, first.num_words)
+
+
+def ner_word_predictions(
+    features: Sequence[NERFeature],
+    logits: OutputRows,
+    labels: Sequence[str],
+    default: str = "O",
+) -> dict[int, list[str]]:
+    """Per request index: one label per word, read at the word's first piece (`default` if it has no token)."""
+    results: dict[int, list[str]] = {}
+    for index, tokens in ner_token_predictions(features, logits).items():
+        words = [default] * tokens.num_words
+        best = np.argmax(tokens.probs, axis=-1)
+        for position, (word, first) in enumerate(zip(tokens.word_ids, tokens.word_starts, strict=True)):
+            if first and word >= 0:
+                words[word] = labels[int(best[position])]
+        results[index] = words
+    return results
+
+
+def ner_postprocess(
+    features: Sequence[NERFeature],
+    logits: OutputRows,
+    labels: Sequence[str],
+    *,
+    aggregation_strategy: AggregationStrategy = "simple",
+    ignore_labels: Sequence[str] = ("O",),
+) -> dict[int, list[Entity]]:
+    """Per request index: the entities of the text `[{entity_group, score, word, start, end}]`, in text order."""
+    if aggregation_strategy not in AGGREGATION_STRATEGIES:
+        raise ValueError(f"aggregation_strategy must be one of {AGGREGATION_STRATEGIES}, got {aggregation_strategy!r}")
+    return {
+        index: group_entities(tokens, labels, aggregation_strategy, ignore_labels)
+        for index, tokens in ner_token_predictions(features, logits).items()
+    }
+
+
+@dataclass
+class _Piece:
+    label: str
+    score: float
+    start: int
+    end: int
+
+
+def group_entities(
+    tokens: TokenPredictions,
+    labels: Sequence[str],
+    strategy: AggregationStrategy = "simple",
+    ignore_labels: Sequence[str] = ("O",),
+) -> list[Entity]:
+    """Entities of one text from its token probabilities (see the module docstring for the strategies)."""
+    if tokens.probs.shape[-1] != len(labels):
+        raise ValueError(f"logits have {tokens.probs.shape[-1]} labels but {len(labels)} label names were given")
+    pieces = _token_pieces(tokens, labels) if strategy in ("none", "simple") else _word_pieces(tokens, labels, strategy)
+    if strategy == "none":
+        return [_entity(tokens.text, [p], p.label) for p in pieces if p.label not in ignore_labels]
+    groups: list[list[_Piece]] = []
+    for piece in pieces:
+        bi, tag = split_tag(piece.label)
+        if groups and bi != "B" and split_tag(groups[-1][-1].label)[1] == tag:
+            groups[-1].append(piece)
+        else:
+            groups.append([piece])
+    entities = [_entity(tokens.text, group, split_tag(group[0].label)[1]) for group in groups]
+    return [e for e in entities if e["entity_group"] not in ignore_labels]
+
+
+def _entity(text: str, pieces: list[_Piece], group: str) -> Entity:
+    start, end = pieces[0].start, pieces[-1].end
+    score = float(np.mean([p.score for p in pieces]))
+    return {"entity_group": group, "score": score, "word": text[start:end], "start": start, "end": end}
+
+
+def _token_pieces(tokens: TokenPredictions, labels: Sequence[str]) -> list[_Piece]:
+    best = np.argmax(tokens.probs, axis=-1)
+    return [_Piece(labels[int(b)], float(tokens.probs[t, b]), *tokens.offsets[t]) for t, b in enumerate(best.tolist())]
+
+
+def _word_pieces(tokens: TokenPredictions, labels: Sequence[str], strategy: str) -> list[_Piece]:
+    pieces: list[_Piece] = []
+    position = 0
+    while position < len(tokens.word_ids):
+        stop = position + 1
+        while stop < len(tokens.word_ids) and not tokens.word_starts[stop] and tokens.word_ids[stop] >= 0:
+            stop += 1
+        distribution = _word_distribution(tokens.probs[position:stop], strategy)
+        best = int(np.argmax(distribution))
+        pieces.append(
+            _Piece(labels[best], float(distribution[best]), tokens.offsets[position][0], tokens.offsets[stop - 1][1])
+        )
+        position = stop
+    return pieces
+
+
+def _word_distribution(probs: np.ndarray, strategy: str) -> np.ndarray:
+    if strategy == "first":
+        return probs[0]
+    if strategy == "average":
+        return probs.mean(axis=0)
+    return probs[int(np.argmax(probs.max(axis=-1)))]  # max: the distribution of the most confident piece

@@ -1,0 +1,294 @@
+"""Extractive question answering (SQuAD): question/context windows and n-best span decoding.
+
+References: Devlin et al. (2019), section 4.2-4.3 (a start and an end vector score every token; the best span
+maximises start + end logits with end >= start; SQuAD 2.0 predicts "no answer" when the [CLS] span beats the
+best span by a threshold tuned on dev data); Rajpurkar et al. (2016, 2018) for the data and answers.
+
+Windows: the question comes first (at most `max_query_length` tokens), the context second; contexts longer
+than one window are split by the tokenizer's `only_second` truncation, consecutive windows sharing `doc_stride`
+tokens (Hugging Face's `run_qa.py` convention). Every window is scored with log-softmax over its context tokens
+and [CLS]; spans from all windows of a question compete on that probability (as Hugging Face's
+question-answering pipeline does), duplicates of one character span keep their best score. Answers carry
+character offsets into the original context, and `answer == context[start:end]` always holds. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+import numpy as np
+from tokenizers import Encoding
+
+from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
+from bert_model.tasks.numeric import log_softmax
+from bert_model.tokenization import BertTokenizer
+
+NO_OFFSET = (0, 0)
+
+
+class Answer(TypedDict):
+    """One predicted answer: `answer == context[start:end]` (character offsets); "" for no answer."""
+
+    answer: str
+    score: float
+    start: int
+    end: int
+
+
+@dataclass(eq=False)
+class QAFeature(Feature):
+    """One window: [CLS] question [SEP] part of the context [SEP]."""
+
+    context: str
+    """The whole original context (shared, not copied) that `offsets` index into."""
+    offsets: list[tuple[int, int]]
+    """Per token: its character span in `context` for context tokens, (0, 0) for question and special tokens."""
+    context_start: int
+    """Token index of this window's first context token."""
+    context_end: int
+    """One past the token index of this window's last context token (== context_start if there is none)."""
+    window_index: int
+    """0 for the first window of a context, 1 for the next, ..."""
+
+
+@dataclass
+class QAPrediction:
+    """Decoded answers of one question, and the no-answer margin used to tune SQuAD 2.0's threshold."""
+
+    answers: list[Answer]
+    """Best first; a no-answer `{"answer": "", "start": 0, "end": 0}` leads when the threshold says so."""
+    null_score_diff: float
+    """log P(no answer) - log P(best span): predict no answer when it exceeds the threshold (+inf: no span)."""
+    null_score: float = 0.0
+    """P(no answer): the smallest [CLS] span probability over the question's windows."""
+    candidates: list[Answer] = field(default_factory=list)
+    """The span candidates before the no-answer decision (best first, at most `top_k`)."""
+
+
+@dataclass(frozen=True)
+class QASettings:
+    """Window and decoding options (defaults from Devlin et al. and Hugging Face's run_qa.py)."""
+
+    max_seq_length: int = 384
+    """Tokens per window, specials included."""
+    doc_stride: int = 128
+    """Context tokens shared by consecutive windows."""
+    max_query_length: int = 64
+    """Question tokens kept (longer questions are cut)."""
+    max_answer_length: int = 30
+    """Longest answer span, in tokens."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_seq_length", "max_query_length", "max_answer_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.doc_stride, int) or self.doc_stride < 0:
+            raise ValueError(f"doc_stride must be a non-negative integer, got {self.doc_stride!r}")
+        room = self.max_seq_length - self.max_query_length - 3
+        if self.doc_stride >= room:
+            raise ValueError(
+                f"doc_stride ({self.doc_stride}) must be smaller than the context room of a window: max_seq_length "
+                f"({self.max_seq_length}) - max_query_length ({self.max_query_length}) - 3 = {room}"
+            )
+
+
+def build_qa_features(
+    tokenizer: BertTokenizer,
+    questions: Sequence[str],
+    contexts: Sequence[str],
+    *,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+) -> list[QAFeature]:
+    """One or more windows per (question, context), in input order; `request_index` = the pair's index."""
+    settings = QASettings(max_seq_length, doc_stride, max_query_length)
+    _check_inputs(questions, contexts)
+    kept = [truncate_question(tokenizer, q, max_query_length) for q in questions]
+    encodings = tokenizer.encode_batch(
+        kept, list(contexts), max_length=settings.max_seq_length, truncation="only_second", stride=doc_stride
+    )
+    features: list[QAFeature] = []
+    for index, (encoding, context) in enumerate(zip(encodings, contexts, strict=True)):
+        for window, part in enumerate([encoding, *encoding.overflowing]):
+            features.append(_window_feature(index, window, part, context))
+    return features
+
+
+def truncate_question(tokenizer: BertTokenizer, question: str, max_query_length: int) -> str:
+    """The question cut after its `max_query_length`-th token (unchanged when it is short enough)."""
+    encoding = tokenizer.backend.encode(question, add_special_tokens=False)
+    if len(encoding.ids) <= max_query_length:
+        return question
+    return question[: encoding.offsets[max_query_length - 1][1]]
+
+
+def _check_inputs(questions: Sequence[str], contexts: Sequence[str]) -> None:
+    if isinstance(questions, str) or isinstance(contexts, str):
+        raise TypeError("questions and contexts must be lists of strings")
+    if len(questions) != len(contexts):
+        raise ValueError(f"got {len(questions)} questions but {len(contexts)} contexts")
+    for name, texts in (("question", questions), ("context", contexts)):
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"{name} {index} must be a string, got {type(text).__name__}")
+            if not text.strip():
+                raise ValueError(f"{name} {index} is empty")
+
+
+def _window_feature(index: int, window: int, encoding: Encoding, context: str) -> QAFeature:
+    sequence_ids = encoding.sequence_ids
+    in_context = [i for i, s in enumerate(sequence_ids) if s == 1]
+    start, end = (in_context[0], in_context[-1] + 1) if in_context else (len(sequence_ids) - 1,) * 2
+    offsets = [
+        (int(o[0]), int(o[1])) if s == 1 else NO_OFFSET for o, s in zip(encoding.offsets, sequence_ids, strict=True)
+    ]
+    return QAFeature(
+        request_index=index,
+        input_ids=list(encoding.ids),
+        token_type_ids=list(encoding.type_ids),
+        context=context,
+        offsets=offsets,
+        context_start=start,
+        context_end=end,
+        window_index=window,
+    )
+
+
+# ---- training labels -----------------------------------------------------------------------------------
+def answer_token_positions(feature: QAFeature, answer_start: int, answer_end: int) -> tuple[int, int]:
+    """Token indices (start, end) of the character span [answer_start, answer_end) in this window.
+
+    (0, 0), the [CLS] position, when the window does not contain the whole answer (or for no answer).
+    """
+    if answer_end <= answer_start or feature.context_end == feature.context_start:
+        return 0, 0
+    first, last = feature.context_start, feature.context_end - 1
+    if feature.offsets[first][0] > answer_start or feature.offsets[last][1] < answer_end:
+        return 0, 0
+    start = first
+    while start <= last and feature.offsets[start][1] <= answer_start:
+        start += 1
+    end = last
+    while end >= first and feature.offsets[end][0] >= answer_end:
+        end -= 1
+    if start > end:
+        return 0, 0
+    return start, end
+
+
+# ---- decoding ------------------------------------------------------------------------------------------
+def qa_predictions(
+    features: Sequence[QAFeature],
+    start_logits: OutputRows,
+    end_logits: OutputRows,
+    *,
+    top_k: int = 1,
+    max_answer_length: int = 30,
+    null_threshold: float | None = None,
+) -> dict[int, QAPrediction]:
+    """Per request index: the best answers over all its windows, and its no-answer margin.
+
+    `start_logits` / `end_logits` hold one row per feature (padded or not). With `null_threshold` set
+    (SQuAD 2.0), the no-answer leads when `null_score_diff > null_threshold`; with None it is never predicted.
+    """
+    if top_k < 1 or max_answer_length < 1:
+        raise ValueError(f"top_k ({top_k}) and max_answer_length ({max_answer_length}) must be positive")
+    check_aligned(features, start_logits, "start_logits")
+    check_aligned(features, end_logits, "end_logits")
+    grouped: dict[int, list[tuple[QAFeature, np.ndarray, np.ndarray]]] = {}
+    for feature, starts, ends in zip(features, start_logits, end_logits, strict=True):
+        rows = (feature_row(feature, starts, "start_logits"), feature_row(feature, ends, "end_logits"))
+        grouped.setdefault(feature.request_index, []).append((feature, *rows))
+    return {
+        index: _decode_request(windows, top_k, max_answer_length, null_threshold) for index, windows in grouped.items()
+    }
+
+
+def qa_postprocess(
+    features: Sequence[QAFeature],
+    start_logits: OutputRows,
+    end_logits: OutputRows,
+    *,
+    top_k: int = 1,
+    max_answer_length: int = 30,
+    null_threshold: float | None = None,
+) -> dict[int, list[Answer]]:
+    """Per request index: up to `top_k` answers `[{answer, score, start, end}]`, best first."""
+    predictions = qa_predictions(
+        features,
+        start_logits,
+        end_logits,
+        top_k=top_k,
+        max_answer_length=max_answer_length,
+        null_threshold=null_threshold,
+    )
+    return {index: prediction.answers for index, prediction in predictions.items()}
+
+
+def _decode_request(
+    windows: list[tuple[QAFeature, np.ndarray, np.ndarray]],
+    top_k: int,
+    max_answer_length: int,
+    null_threshold: float | None,
+) -> QAPrediction:
+    best: dict[tuple[int, int], float] = {}
+    null_logprob = np.inf
+    context = windows[0][0].context
+    for feature, starts, ends in windows:
+        log_start, log_end = _window_log_probs(feature, starts, ends)
+        null_logprob = min(null_logprob, float(log_start[0] + log_end[0]))
+        for span, logprob in _window_spans(feature, log_start, log_end, top_k, max_answer_length):
+            if logprob > best.get(span, -np.inf):
+                best[span] = logprob
+    ranked = sorted(best.items(), key=lambda item: (-item[1], item[0]))[:top_k]
+    candidates: list[Answer] = [
+        {"answer": context[s:e], "score": float(np.exp(lp)), "start": s, "end": e} for (s, e), lp in ranked
+    ]
+    null_diff = null_logprob - ranked[0][1] if ranked else np.inf
+    answers = list(candidates)
+    if null_threshold is not None and null_diff > null_threshold:
+        null: Answer = {"answer": "", "score": float(np.exp(null_logprob)), "start": 0, "end": 0}
+        answers = [null, *candidates[: top_k - 1]]
+    return QAPrediction(answers, float(null_diff), float(np.exp(null_logprob)), candidates)
+
+
+def _window_log_probs(feature: QAFeature, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Log-softmax of start and end logits over [CLS] + this window's context tokens (-inf elsewhere)."""
+    allowed = np.zeros(len(feature), dtype=bool)
+    allowed[0] = True
+    allowed[feature.context_start : feature.context_end] = True
+    masked_start = np.where(allowed, np.asarray(starts, dtype=np.float64), -np.inf)
+    masked_end = np.where(allowed, np.asarray(ends, dtype=np.float64), -np.inf)
+    return log_softmax(masked_start), log_softmax(masked_end)
+
+
+def _window_spans(
+    feature: QAFeature, log_start: np.ndarray, log_end: np.ndarray, k: int, max_answer_length: int
+) -> list[tuple[tuple[int, int], float]]:
+    """The k best (character span, log-probability) of a window, end >= start, at most max_answer_length tokens."""
+    first, stop = feature.context_start, feature.context_end
+    count = stop - first
+    if count == 0:
+        return []
+    starts, ends = log_start[first:stop], log_end[first:stop]
+    width = min(max_answer_length, count)
+    # band[d, i] = log P(start=i) + log P(end=i+d): every span of length d+1 tokens.
+    band = np.full((width, count), -np.inf)
+    for d in range(width):
+        band[d, : count - d] = starts[: count - d] + ends[d:]
+    flat = band.ravel()
+    take = min(k, flat.size)
+    picked = np.argpartition(-flat, take - 1)[:take]
+    spans = []
+    for position in picked:
+        if not np.isfinite(flat[position]):
+            continue
+        d, i = divmod(int(position), count)
+        start_char = feature.offsets[first + i][0]
+        end_char = feature.offsets[first + i + d][1]
+        spans.append(((start_char, end_char), float(flat[position])))
+    return spans
