@@ -1,0 +1,32 @@
+"""What a backend is: something that runs a padded int64 batch and returns named numpy outputs.
+
+Two implementations: `service.ort_backend.OrtBackend` (ONNX Runtime in-process) and
+`service.triton_backend.TritonBackend` (a Triton server over gRPC). Both raise only domain errors
+(`BackendError`, `BackendUnavailable`) for failures a caller can see.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Backend(Protocol):
+    """A loaded model graph that runs batches."""
+
+    kind: str
+    """`ort` or `triton`."""
+    variant: str
+    """The bundle variant it runs (cpu-int8, gpu-fp16, ...) or the Triton model name."""
+    batches_itself: bool
+    """True when the backend does its own dynamic batching (our batcher then passes requests through)."""
+
+    async def start(self) -> None:
+        """Open sessions / connections; raise BackendUnavailable if it cannot serve."""
+
+    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch: inputs are INPUT_NAMES int64 (B, S) arrays; outputs the task's OUTPUT_NAMES."""
+
+    async def close(self) -> None:
+        """Release sessions / connections."""

@@ -1,0 +1,466 @@
+"""Dynamic batching: features of many requests (from both front doors) share one backend call.
+
+One `Batcher` per loaded model. A request hands in its features (token sequences: one per text, or one per
+window of a long QA context) and awaits one output row per feature. A batch closes when it holds
+`max_batch_size` features, when its padded size (rows x longest row) would pass `max_batch_tokens`, or when
+its oldest feature has waited `max_wait_s`. Batches are cut from the length-sorted queue around the oldest
+feature, so padding stays small and nobody starves. The queue is bounded: a request that does not fit is
+rejected at once (`Overloaded`). Requests whose deadline passed (or whose caller went away) are dropped
+before compute. A backend failure fails only the requests of its batch, and outputs are checked to have one
+row per input row. With `passthrough` (the backend batches itself, e.g. Triton's dynamic batcher) every
+request goes straight to the backend as its own call, with the same checks and bounds.
+
+References: Triton dynamic batcher (max_queue_delay, preferred sizes), text-embeddings-inference's token
+budget batching (max_batch_tokens), Clipper (NSDI'17) adaptive batching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from service.errors import BackendError, DeadlineExceeded, InvalidInput, Overloaded, ServiceError
+
+log = logging.getLogger(__name__)
+
+RunBatch = Callable[[dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
+
+
+class Encoded(Protocol):
+    """What the batcher needs of a feature: its token ids and segment ids (same length)."""
+
+    @property
+    def input_ids(self) -> Sequence[int]: ...
+
+    @property
+    def token_type_ids(self) -> Sequence[int]: ...
+
+
+class BatchObserver(Protocol):
+    """Receives batching figures (implemented by `service.metrics`)."""
+
+    def batch_done(self, model: str, rows: int, tokens: int, padded_tokens: int, seconds: float) -> None: ...
+
+    def queued(self, model: str, seconds: float) -> None: ...
+
+    def depth(self, model: str, features: int) -> None: ...
+
+    def rejected(self, model: str, reason: str) -> None: ...
+
+
+@dataclass
+class BatchConfig:
+    """How one model's batcher closes batches and bounds its queue."""
+
+    max_batch_size: int = 32
+    """Most features in one backend call (1 = no batching)."""
+    max_batch_tokens: int = 16384
+    """Budget of one call in padded tokens (rows x longest row); a single longer feature still runs alone."""
+    max_wait_s: float = 0.002
+    """Longest the oldest waiting feature waits for a batch to fill."""
+    max_queue: int = 512
+    """Most features waiting (or, in passthrough, in flight); beyond it requests are rejected at once."""
+    max_concurrency: int = 1
+    """Backend calls in flight at once; with 1, requests pile up while a batch runs and then batch together."""
+    passthrough: bool = False
+    """Send each request as its own call at once (the backend batches)."""
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue", "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s}")
+
+
+@dataclass
+class BatchResult:
+    """One request's outputs (one dict per feature, in order) and where its time went."""
+
+    outputs: list[dict[str, np.ndarray]]
+    queue_s: float
+    """From submission to the start of its first backend call."""
+    inference_s: float
+    """Time in backend calls that carried its features (summed over calls)."""
+    batches: int
+    """How many backend calls carried its features."""
+
+
+@dataclass(eq=False)
+class _Request:
+    features: Sequence[Encoded]
+    future: asyncio.Future[BatchResult]
+    deadline: float
+    submitted: float
+    outputs: list[dict[str, np.ndarray] | None] = field(default_factory=list)
+    remaining: int = 0
+    first_start: float | None = None
+    inference_s: float = 0.0
+    batches: int = 0
+
+    @property
+    def dead(self) -> bool:
+        return self.future.done()
+
+
+@dataclass(eq=False)
+class _Item:
+    request: _Request
+    index: int
+    length: int
+    arrival: int
+    submitted: float
+
+
+class Batcher:
+    """Per-model request queue and batch loop; `submit()` is safe to call from any coroutine on the loop."""
+
+    def __init__(
+        self,
+        model: str,
+        run_batch: RunBatch,
+        config: BatchConfig,
+        *,
+        output_names: Sequence[str],
+        sequence_outputs: Sequence[str] = (),
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.output_names = tuple(output_names)
+        self.sequence_outputs = frozenset(sequence_outputs)
+        self._run_batch = run_batch
+        self._observer = observer
+        self._pending: list[_Item] = []
+        self._arrivals = 0
+        self._in_flight = 0
+        self._wakeup: asyncio.Event | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._batch_tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.backend_calls = 0
+        """Backend calls made so far (the batching proof counts these)."""
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._slots = asyncio.Semaphore(self.config.max_concurrency)
+        if not self.config.passthrough:
+            self._loop_task = asyncio.create_task(self._loop(), name=f"batcher-{self.model}")
+
+    async def close(self) -> None:
+        """Stop taking requests, finish running batches, fail what still waits."""
+        self._closed = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._batch_tasks:
+            await asyncio.gather(*self._batch_tasks, return_exceptions=True)
+        for item in self._pending:
+            if not item.request.dead:
+                item.request.future.set_exception(ServiceError("the server shut down before this request ran"))
+        self._pending.clear()
+
+    @property
+    def queue_depth(self) -> int:
+        """Features waiting for a batch (passthrough: features in flight)."""
+        return len(self._pending) if not self.config.passthrough else self._in_flight
+
+    # ---- submission -------------------------------------------------------------------------------
+    async def submit(self, features: Sequence[Encoded], deadline: float) -> BatchResult:
+        """Queue `features` and wait for their outputs; raises Overloaded / DeadlineExceeded / BackendError.
+
+        `deadline` is in `loop.time()` seconds.
+        """
+        if self._closed or self._wakeup is None:
+            raise ServiceError("the batcher is not running")
+        if not features:
+            raise InvalidInput("nothing to run: the request produced no token sequences")
+        if len(features) > self.config.max_queue:
+            raise InvalidInput(
+                f"the request needs {len(features)} sequences, more than this model's queue holds "
+                f"({self.config.max_queue}); send fewer or shorter inputs"
+            )
+        if self.queue_depth + len(features) > self.config.max_queue:
+            self._notify_rejected("queue_full")
+            raise Overloaded(f"model {self.model!r} is at capacity ({self.queue_depth} sequences queued); retry later")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        request = _Request(
+            features=features,
+            future=loop.create_future(),
+            deadline=deadline,
+            submitted=now,
+            outputs=[None] * len(features),
+            remaining=len(features),
+        )
+        if self.config.passthrough:
+            return await self._passthrough(request)
+        self._enqueue(request)
+        return await self._await(request, loop)
+
+    async def _await(self, request: _Request, loop: asyncio.AbstractEventLoop) -> BatchResult:
+        try:
+            async with asyncio.timeout_at(request.deadline):
+                # shield: a timeout must not cancel the future before we mark the request as dead
+                return await asyncio.shield(request.future)
+        except TimeoutError:
+            self._expire(request)
+            self._notify_rejected("deadline")
+            raise DeadlineExceeded(self._deadline_message(request, loop.time())) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                request.future.cancel()  # the caller went away: its features are dropped before compute
+                raise
+            # the batcher expired it (deadline passed while queued)
+            self._notify_rejected("deadline")
+            raise DeadlineExceeded(self._deadline_message(request, loop.time())) from None
+
+    def _deadline_message(self, request: _Request, now: float) -> str:
+        waited_ms = (now - request.submitted) * 1000
+        return (
+            f"deadline exceeded after {waited_ms:.0f} ms (queue depth {self.queue_depth}); "
+            "allow a longer timeout or send less work"
+        )
+
+    def _expire(self, request: _Request) -> None:
+        if not request.future.done():
+            request.future.cancel()
+
+    def _enqueue(self, request: _Request) -> None:
+        for index, feature in enumerate(request.features):
+            self._arrivals += 1
+            item = _Item(request, index, len(feature.input_ids), self._arrivals, request.submitted)
+            self._pending.append(item)
+        self._notify_depth()
+        assert self._wakeup is not None
+        self._wakeup.set()
+
+    async def _passthrough(self, request: _Request) -> BatchResult:
+        items = [
+            _Item(request, index, len(feature.input_ids), 0, request.submitted)
+            for index, feature in enumerate(request.features)
+        ]
+        self._in_flight += len(items)
+        self._notify_depth()
+        try:
+            async with asyncio.timeout_at(request.deadline):
+                await self._execute(items)
+                return await request.future
+        except TimeoutError:
+            self._notify_rejected("deadline")
+            raise DeadlineExceeded(self._deadline_message(request, asyncio.get_running_loop().time())) from None
+        finally:
+            self._in_flight -= len(items)
+            self._notify_depth()
+
+    # ---- the batch loop ---------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        assert self._slots is not None
+        while not self._closed:
+            await self._slots.acquire()
+            batch = await self._next_batch()
+            if not batch:
+                self._slots.release()
+                continue
+            task = asyncio.create_task(self._execute(batch))
+            self._batch_tasks.add(task)
+            task.add_done_callback(self._batch_finished)
+
+    def _batch_finished(self, task: asyncio.Task[None]) -> None:
+        self._batch_tasks.discard(task)
+        assert self._slots is not None
+        self._slots.release()
+
+    async def _next_batch(self) -> list[_Item]:
+        assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            self._drop_dead(loop.time())
+            if not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            wait = self._pending[0].submitted + self.config.max_wait_s - loop.time()
+            if wait <= 0 or self._full():
+                return self._take_batch()
+            self._wakeup.clear()
+            try:
+                async with asyncio.timeout(wait):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                pass
+        return []
+
+    def _full(self) -> bool:
+        if len(self._pending) >= self.config.max_batch_size:
+            return True
+        longest = max(item.length for item in self._pending)
+        return len(self._pending) * longest >= self.config.max_batch_tokens
+
+    def _drop_dead(self, now: float) -> None:
+        """Remove features of requests that expired or were abandoned, before any compute is spent."""
+        if not any(item.request.dead or item.request.deadline <= now for item in self._pending):
+            return
+        keep: list[_Item] = []
+        for item in self._pending:
+            if item.request.deadline <= now:
+                self._expire(item.request)
+            if not item.request.dead:
+                keep.append(item)
+        self._pending = keep
+        self._notify_depth()
+
+    def _take_batch(self) -> list[_Item]:
+        """Cut a batch out of the length-sorted queue around the oldest feature."""
+        ordered = sorted(self._pending, key=lambda item: (item.length, item.arrival))
+        oldest = min(self._pending, key=lambda item: item.arrival)
+        anchor = ordered.index(oldest)
+        low, high = anchor, anchor  # inclusive window in `ordered`
+        longest = oldest.length
+        while high - low + 1 < self.config.max_batch_size:
+            grown = self._grow(ordered, low, high, longest)
+            if grown is None:
+                break
+            low, high, longest = grown
+        chosen = ordered[low : high + 1]
+        taken = {id(item) for item in chosen}
+        self._pending = [item for item in self._pending if id(item) not in taken]
+        self._notify_depth()
+        return chosen
+
+    def _grow(self, ordered: list[_Item], low: int, high: int, longest: int) -> tuple[int, int, int] | None:
+        rows = high - low + 2
+        budget = self.config.max_batch_tokens
+        left = ordered[low - 1] if low > 0 else None
+        right = ordered[high + 1] if high + 1 < len(ordered) else None
+        left_ok = left is not None and rows * longest <= budget
+        right_ok = right is not None and rows * max(longest, right.length) <= budget
+        if left_ok and right_ok:
+            assert left is not None and right is not None
+            # the neighbour closer in length to the window adds less padding
+            prefer_left = longest - left.length <= right.length - longest
+            return (low - 1, high, longest) if prefer_left else (low, high + 1, max(longest, right.length))
+        if left_ok:
+            return low - 1, high, longest
+        if right_ok:
+            assert right is not None
+            return low, high + 1, max(longest, right.length)
+        return None
+
+    # ---- running a batch --------------------------------------------------------------------------
+    async def _execute(self, batch: list[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        batch = [item for item in batch if not item.request.dead]
+        if not batch:
+            return
+        start = loop.time()
+        for item in batch:
+            request = item.request
+            if request.first_start is None:
+                request.first_start = start
+                if self._observer is not None:
+                    self._observer.queued(self.model, start - request.submitted)
+        arrays = self._pad(batch)
+        self.backend_calls += 1
+        try:
+            outputs = await self._run_batch(arrays)
+            self._check_outputs(outputs, arrays)
+        except ServiceError as error:
+            self._fail(batch, error)
+            return
+        except Exception as error:  # a backend bug must fail its batch, never the server
+            log.exception("backend failed on a batch of %d for model %s", len(batch), self.model)
+            self._fail(batch, BackendError(f"the backend failed on this request's batch: {error}"))
+            return
+        elapsed = loop.time() - start
+        if self._observer is not None:
+            tokens = int(arrays["attention_mask"].sum())
+            self._observer.batch_done(self.model, len(batch), tokens, int(arrays["input_ids"].size), elapsed)
+        self._deliver(batch, outputs, elapsed)
+
+    def _pad(self, batch: list[_Item]) -> dict[str, np.ndarray]:
+        width = max(item.length for item in batch)
+        input_ids = np.full((len(batch), width), self.config.pad_id, dtype=np.int64)
+        attention_mask = np.zeros((len(batch), width), dtype=np.int64)
+        token_type_ids = np.zeros((len(batch), width), dtype=np.int64)
+        for row, item in enumerate(batch):
+            feature = item.request.features[item.index]
+            input_ids[row, : item.length] = feature.input_ids
+            attention_mask[row, : item.length] = 1
+            token_type_ids[row, : item.length] = feature.token_type_ids
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+
+    def _check_outputs(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> None:
+        rows, width = arrays["input_ids"].shape
+        for name in self.output_names:
+            if name not in outputs:
+                raise BackendError(f"the backend returned no {name!r} output (got {sorted(outputs)})")
+            shape = np.shape(outputs[name])
+            if not shape or shape[0] != rows:
+                raise BackendError(f"output {name!r} has shape {shape} for a batch of {rows} inputs")
+            if name in self.sequence_outputs and (len(shape) < 2 or shape[1] != width):
+                raise BackendError(f"output {name!r} has shape {shape} for inputs of length {width}")
+
+    def _deliver(self, batch: list[_Item], outputs: dict[str, np.ndarray], elapsed: float) -> None:
+        touched: dict[int, _Request] = {}
+        for row, item in enumerate(batch):
+            request = item.request
+            if request.dead:
+                continue
+            request.outputs[item.index] = {
+                name: np.array(
+                    outputs[name][row, : item.length] if name in self.sequence_outputs else outputs[name][row]
+                )
+                for name in self.output_names
+            }
+            request.remaining -= 1
+            touched[id(request)] = request
+        for request in touched.values():
+            request.inference_s += elapsed
+            request.batches += 1
+            if request.remaining == 0 and not request.dead:
+                assert request.first_start is not None
+                request.future.set_result(
+                    BatchResult(
+                        outputs=[out for out in request.outputs if out is not None],
+                        queue_s=request.first_start - request.submitted,
+                        inference_s=request.inference_s,
+                        batches=request.batches,
+                    )
+                )
+
+    def _fail(self, batch: list[_Item], error: ServiceError) -> None:
+        for item in batch:
+            if not item.request.dead:
+                item.request.future.set_exception(error)
+        # other features of a failed request may still wait in the queue: drop them
+        self._drop_dead(asyncio.get_running_loop().time())
+
+    # ---- observation ------------------------------------------------------------------------------
+    def _notify_depth(self) -> None:
+        if self._observer is not None:
+            self._observer.depth(self.model, self.queue_depth)
+
+    def _notify_rejected(self, reason: str) -> None:
+        if self._observer is not None:
+            self._observer.rejected(self.model, reason)
+
+
+def monotonic() -> float:
+    """Seconds on the clock `submit()` deadlines use (the running loop's)."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()

@@ -1,0 +1,127 @@
+"""The service's one domain error hierarchy, and the two tables that map it to HTTP and gRPC status codes.
+
+The core (batcher, backends, InferenceService) raises only these; each front door translates them once
+(anchor: text-embeddings-inference's single error enum mapped per transport). Every message says what the
+caller should change. gRPC codes follow https://grpc.github.io/grpc/core/md_doc_statuscodes.html.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import grpc
+
+T = TypeVar("T")
+
+
+class ServiceError(Exception):
+    """Base of every error a request can end with; `code` is the stable machine-readable name."""
+
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(ServiceError):
+    """The request is malformed or asks for something the server cannot do (empty text, bad option, ...)."""
+
+    code = "invalid_input"
+
+
+class InputTooLong(InvalidInput):
+    """An input exceeds the model's length and truncation is off."""
+
+    code = "input_too_long"
+
+
+class UnknownModel(InvalidInput):
+    """The `model` field names no loaded model (the message lists them)."""
+
+    code = "unknown_model"
+
+
+class PayloadTooLarge(InvalidInput):
+    """The request body is larger than the configured limit."""
+
+    code = "payload_too_large"
+
+
+class Unauthenticated(ServiceError):
+    """Missing or wrong API key."""
+
+    code = "unauthenticated"
+
+
+class Overloaded(ServiceError):
+    """The model's queue is full: rejected at once, retry later."""
+
+    code = "overloaded"
+
+
+class DeadlineExceeded(ServiceError):
+    """The request's deadline passed before its answer was ready."""
+
+    code = "deadline_exceeded"
+
+
+class NotReady(ServiceError):
+    """Models are still loading / warming up, or the server is shutting down."""
+
+    code = "not_ready"
+
+
+class BackendUnavailable(ServiceError):
+    """The inference backend cannot be reached (Triton down)."""
+
+    code = "backend_unavailable"
+
+
+class BackendError(ServiceError):
+    """The backend failed on a batch, or returned outputs that do not match its inputs."""
+
+    code = "backend_error"
+
+
+# One table per transport. Lookup walks the class's MRO, so a subclass inherits its parent's status
+# unless listed itself.
+HTTP_STATUS: dict[type[ServiceError], int] = {
+    InvalidInput: 422,
+    PayloadTooLarge: 413,
+    Unauthenticated: 401,
+    Overloaded: 429,
+    DeadlineExceeded: 504,
+    NotReady: 503,
+    BackendUnavailable: 503,
+    BackendError: 500,
+    ServiceError: 500,
+}
+
+GRPC_STATUS: dict[type[ServiceError], grpc.StatusCode] = {
+    InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    NotReady: grpc.StatusCode.UNAVAILABLE,
+    BackendUnavailable: grpc.StatusCode.UNAVAILABLE,
+    BackendError: grpc.StatusCode.INTERNAL,
+    ServiceError: grpc.StatusCode.INTERNAL,
+}
+
+
+def _lookup(table: dict[type[ServiceError], T], error: ServiceError) -> T:
+    for klass in type(error).__mro__:
+        if klass in table:
+            return table[klass]
+    return table[ServiceError]
+
+
+def http_status(error: ServiceError) -> int:
+    """The HTTP status code of a domain error."""
+    return _lookup(HTTP_STATUS, error)
+
+
+def grpc_status(error: ServiceError) -> grpc.StatusCode:
+    """The gRPC status code of a domain error."""
+    return _lookup(GRPC_STATUS, error)

@@ -1,0 +1,137 @@
+"""bert.v1 servicers: translate protobuf <-> the InferenceService's inputs and results, errors -> status codes.
+
+Same semantics as REST: defaults, limits and messages come from the InferenceService; only the mapping of
+`ServiceError` to a gRPC status (`service.errors.grpc_status`) happens here. The caller's deadline caps the
+request's timeout, so work for a request that has already expired is dropped before compute.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from service.errors import InvalidInput, ServiceError, grpc_status
+from service.grpc_api.stubs import bert_pb2 as pb
+from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
+from service.inference import InferenceService, Outcome
+from service.pipelines import ClassifyInput, NERInput, QAInput
+
+AGGREGATION = {
+    pb.AGGREGATION_STRATEGY_UNSPECIFIED: "simple",
+    pb.AGGREGATION_STRATEGY_NONE: "none",
+    pb.AGGREGATION_STRATEGY_SIMPLE: "simple",
+    pb.AGGREGATION_STRATEGY_FIRST: "first",
+    pb.AGGREGATION_STRATEGY_AVERAGE: "average",
+    pb.AGGREGATION_STRATEGY_MAX: "max",
+}
+
+
+class _Base:
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    def _truncate(self, request: Any) -> bool:
+        return request.truncate if request.HasField("truncate") else self.service.settings.truncate
+
+    async def _call(
+        self, context: grpc.aio.ServicerContext, route: str, run: Callable[[float | None], Awaitable[Outcome]]
+    ) -> Outcome:
+        start = time.perf_counter()
+        status = "OK"
+        try:
+            outcome = await run(context.time_remaining())
+            metadata = [*outcome.timings.headers().items(), ("x-model", outcome.model)]
+            context.set_trailing_metadata(tuple(metadata))
+            return outcome
+        except ServiceError as error:
+            code = grpc_status(error)
+            status = code.name
+            await context.abort(code, error.message)
+            raise  # unreachable: abort raises
+        finally:
+            self.service.metrics.observe_request("grpc", route, status, time.perf_counter() - start)
+
+
+class ClassifierServicer(_Base, pb_grpc.ClassifierServicer):
+    async def Classify(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(timeout: float | None) -> Outcome:
+            with_pair = [item.HasField("text_pair") for item in request.inputs]
+            if any(with_pair) and not all(with_pair):
+                raise InvalidInput("inputs mix single texts and text pairs; send one kind per request")
+            top_k = request.top_k if request.HasField("top_k") else 1
+            task_input = ClassifyInput(
+                texts=[item.text for item in request.inputs],
+                pairs=[item.text_pair for item in request.inputs] if any(with_pair) else None,
+                top_k=None if top_k == 0 else top_k,
+                truncate=self._truncate(request),
+            )
+            return await self.service.classify(task_input, model=request.model or None, timeout_s=timeout)
+
+        outcome = await self._call(context, "/bert.v1.Classifier/Classify", run)
+        return pb.ClassifyResponse(
+            model=outcome.model,
+            results=[
+                pb.Classification(labels=[pb.LabelScore(label=s["label"], score=s["score"]) for s in scores])
+                for scores in outcome.results
+            ],
+        )
+
+
+class QAServicer(_Base, pb_grpc.QAServicer):
+    async def Extract(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(timeout: float | None) -> Outcome:
+            task_input = QAInput(
+                questions=[item.question for item in request.inputs],
+                contexts=[item.context for item in request.inputs],
+                top_k=request.top_k if request.HasField("top_k") else 1,
+                max_answer_len=request.max_answer_len if request.HasField("max_answer_len") else 15,
+                handle_impossible_answer=request.handle_impossible_answer,
+                doc_stride=request.doc_stride if request.HasField("doc_stride") else None,
+                truncate=self._truncate(request),
+            )
+            return await self.service.qa(task_input, model=request.model or None, timeout_s=timeout)
+
+        outcome = await self._call(context, "/bert.v1.QA/Extract", run)
+        return pb.ExtractResponse(
+            model=outcome.model,
+            results=[pb.Answers(answers=[pb.Answer(**answer) for answer in answers]) for answers in outcome.results],
+        )
+
+
+class NERServicer(_Base, pb_grpc.NERServicer):
+    async def Recognize(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(timeout: float | None) -> Outcome:
+            strategy = AGGREGATION.get(request.aggregation_strategy)
+            if strategy is None:
+                raise InvalidInput(f"unknown aggregation_strategy value {request.aggregation_strategy}")
+            task_input = NERInput(
+                texts=list(request.texts), aggregation_strategy=strategy, truncate=self._truncate(request)
+            )
+            return await self.service.ner(task_input, model=request.model or None, timeout_s=timeout)
+
+        outcome = await self._call(context, "/bert.v1.NER/Recognize", run)
+        return pb.RecognizeResponse(
+            model=outcome.model,
+            results=[pb.Entities(entities=[_entity(e) for e in entities]) for entities in outcome.results],
+        )
+
+
+def _entity(entity: dict[str, Any]) -> Any:
+    message = pb.Entity(
+        entity_group=entity.get("entity_group") or entity.get("entity") or "",
+        score=entity["score"],
+        word=entity["word"],
+        start=entity["start"],
+        end=entity["end"],
+    )
+    if entity.get("index") is not None:
+        message.index = entity["index"]
+    return message
+
+
+class ModelsServicer(_Base, pb_grpc.ModelsServicer):
+    async def List(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ListModelsResponse(models=[pb.ModelInfo(**info) for info in self.service.list_models()])

@@ -1,0 +1,296 @@
+"""FastAPI app factory: routes, error mapping, middleware, and the lifespan that loads models and gRPC.
+
+`create_app(settings)` builds everything without side effects; the lifespan then starts the gRPC front door
+(health NOT_SERVING), loads and warms up models in the background, and flips readiness (HTTP
+`/health/ready`, gRPC health) once done. Shutdown stops gRPC with a grace period, then the batchers.
+Domain errors map to HTTP through `service.errors.http_status` only; validation problems become 422 (400 for
+a body that is not JSON) with a message that names the field and what to send instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.errors import InvalidInput, ServiceError, Unauthenticated, http_status
+from service.http_api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.inference import InferenceService, Outcome
+from service.metrics import CONTENT_TYPE, ServiceMetrics
+from service.pipelines import ClassifyInput, NERInput, QAInput
+from service.schemas import (
+    Answer,
+    ClassifyRequest,
+    Entity,
+    ErrorResponse,
+    Health,
+    LabelScore,
+    ModelList,
+    NERRequest,
+    QARequest,
+    TextPair,
+)
+from service.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in (
+        (400, "The body is not valid JSON."),
+        (401, "Missing or wrong API key (when the server requires one)."),
+        (413, "The body is larger than the server's limit."),
+        (422, "Invalid input: the message says which field and what to change."),
+        (429, "The model's queue is full: retry later."),
+        (503, "Models are still loading, or the server is shutting down."),
+        (504, "The request's deadline passed."),
+    )
+}
+
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <api key>` when the server sets one.")
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    """The REST app (and, through its lifespan, the gRPC server) for `settings`."""
+    settings = settings or ServiceSettings()
+    metrics = ServiceMetrics()
+    app = FastAPI(
+        title="bertserve",
+        version="1.0.0",
+        summary="BERT classification, question answering and NER with server-side tokenization.",
+        lifespan=_lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.service = InferenceService(settings, metrics)
+    app.state.grpc = None
+    _add_error_handlers(app)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+            expose_headers=["x-queue-time-ms", "x-inference-time-ms", "x-total-time-ms", "x-model"],
+        )
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    _add_routes(app)
+    return app
+
+
+# ---- lifespan -------------------------------------------------------------------------------------------
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: ServiceSettings = app.state.settings
+    service: InferenceService = app.state.service
+    grpc_front = None
+    if settings.grpc_port >= 0:
+        from service.grpc_api.server import GrpcFrontDoor
+
+        grpc_front = await GrpcFrontDoor.start(service, settings)
+        app.state.grpc = grpc_front
+    loading = asyncio.create_task(_load(service, grpc_front), name="load-models")
+    try:
+        yield
+    finally:
+        service.state.shutting_down = True
+        service.state.ready = False
+        if not loading.done():
+            loading.cancel()
+            await asyncio.gather(loading, return_exceptions=True)
+        if grpc_front is not None:
+            await grpc_front.stop(settings.shutdown_grace_s)
+        await service.close()
+        log.info("stopped")
+
+
+async def _load(service: InferenceService, grpc_front: Any) -> None:
+    try:
+        await service.load()
+    except Exception as error:
+        service.state.load_error = f"{type(error).__name__}: {error}"
+        log.exception("loading models failed")
+        return
+    if grpc_front is not None:
+        grpc_front.set_serving(True)
+    log.info("ready", extra={"models": ",".join(service.models)})
+
+
+# ---- errors ---------------------------------------------------------------------------------------------
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, error: ServiceError) -> JSONResponse:
+        status = http_status(error)
+        headers = {"retry-after": "1"} if status in (429, 503) else None
+        if status == 401:
+            headers = {"www-authenticate": "Bearer"}
+        if status >= 500 and status != 503:
+            log.error("request failed", extra={"code": error.code, "error": error.message})
+        return _error(status, error.code, error.message, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        problems = error.errors()
+        if any(problem.get("type") == "json_invalid" for problem in problems):
+            return _error(400, "invalid_json", "the request body is not valid JSON; send a JSON object")
+        return _error(422, "invalid_input", _describe(problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        return _error(error.status_code, "http_error", str(error.detail), getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, error: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return _error(500, "internal", "internal error (logged on the server)")
+
+
+def _describe(problems: list[Any]) -> str:
+    """One line naming every invalid field and what was expected."""
+    parts = []
+    for problem in problems[:5]:
+        location = ".".join(str(part) for part in problem.get("loc", ()) if part != "body") or "body"
+        parts.append(f"{location}: {problem.get('msg', 'invalid')}")
+    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    return "; ".join(parts) + more
+
+
+# ---- routes ---------------------------------------------------------------------------------------------
+def _service(request: Request) -> InferenceService:
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+def _require_key(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    key = request.app.state.settings.api_key
+    if key is None:
+        return
+    given = credentials.credentials if credentials is not None else ""
+    if not secrets.compare_digest(given.encode(), key.get_secret_value().encode()):
+        raise Unauthenticated("missing or wrong API key: send `Authorization: Bearer <key>`")
+
+
+def _truncate(request: Request, value: bool | None) -> bool:
+    return request.app.state.settings.truncate if value is None else value
+
+
+def _respond(response: Response, outcome: Outcome) -> None:
+    for name, value in outcome.timings.headers().items():
+        response.headers[name] = value
+    response.headers["x-model"] = outcome.model
+
+
+def _add_routes(app: FastAPI) -> None:
+    secured = [Depends(_require_key)]
+
+    @app.post(
+        "/classify",
+        response_model=list[LabelScore] | list[list[LabelScore]],
+        responses=ERROR_RESPONSES,
+        dependencies=secured,
+        tags=["tasks"],
+    )
+    async def classify(body: ClassifyRequest, request: Request, response: Response) -> Any:
+        """Classify texts or text pairs: `[{label, score}]` per input, best first."""
+        single = not isinstance(body.inputs, list)
+        items = [body.inputs] if single else list(body.inputs)  # type: ignore[list-item]
+        texts, pairs = _split_pairs(items)
+        task_input = ClassifyInput(
+            texts=texts, pairs=pairs, top_k=body.top_k, truncate=_truncate(request, body.truncate)
+        )
+        outcome = await _service(request).classify(task_input, model=body.model)
+        _respond(response, outcome)
+        return outcome.results[0] if single else outcome.results
+
+    @app.post(
+        "/qa",
+        response_model=Answer | list[Answer] | list[list[Answer]],
+        responses=ERROR_RESPONSES,
+        dependencies=secured,
+        tags=["tasks"],
+    )
+    async def qa(body: QARequest, request: Request, response: Response) -> Any:
+        """Extract answers `{answer, score, start, end}` (character offsets into the context)."""
+        single = body.inputs is None
+        pairs = [(body.question, body.context)] if single else [(p.question, p.context) for p in body.inputs or []]
+        task_input = QAInput(
+            questions=[q or "" for q, _ in pairs],
+            contexts=[c or "" for _, c in pairs],
+            top_k=body.top_k,
+            max_answer_len=body.max_answer_len,
+            handle_impossible_answer=body.handle_impossible_answer,
+            doc_stride=body.doc_stride,
+            truncate=_truncate(request, body.truncate),
+        )
+        outcome = await _service(request).qa(task_input, model=body.model)
+        _respond(response, outcome)
+        shaped = [answers[0] if body.top_k == 1 and answers else answers for answers in outcome.results]
+        return shaped[0] if single else shaped
+
+    @app.post(
+        "/ner",
+        response_model=list[Entity] | list[list[Entity]],
+        response_model_exclude_none=True,
+        responses=ERROR_RESPONSES,
+        dependencies=secured,
+        tags=["tasks"],
+    )
+    async def ner(body: NERRequest, request: Request, response: Response) -> Any:
+        """Find entities `{entity_group, score, word, start, end}` (character offsets into the text)."""
+        single = isinstance(body.inputs, str)
+        texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
+        task_input = NERInput(
+            texts=texts, aggregation_strategy=body.aggregation_strategy, truncate=_truncate(request, body.truncate)
+        )
+        outcome = await _service(request).ner(task_input, model=body.model)
+        _respond(response, outcome)
+        return outcome.results[0] if single else outcome.results
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, dependencies=secured, tags=["models"])
+    async def models(request: Request) -> Any:
+        """The loaded models: task, labels, variant, maximum length, and which is each task's default."""
+        return {"models": _service(request).list_models()}
+
+    @app.get("/health/live", response_model=Health, tags=["health"])
+    async def live() -> Any:
+        """Liveness: the process is up (models may still be loading)."""
+        return {"status": "live"}
+
+    @app.get("/health/ready", response_model=Health, responses={503: {"model": Health}}, tags=["health"])
+    async def ready(request: Request) -> Any:
+        """Readiness: 200 once every model is loaded and warmed up, 503 before that and while shutting down."""
+        state = _service(request).state
+        if state.ready:
+            return {"status": "ready"}
+        status = "failed" if state.load_error else "shutting_down" if state.shutting_down else "loading"
+        return JSONResponse({"status": status, "detail": state.load_error}, status_code=503)
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics."""
+        return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+def _split_pairs(items: list[str | TextPair]) -> tuple[list[str], list[str] | None]:
+    if all(isinstance(item, str) for item in items):
+        return [str(item) for item in items], None
+    if all(isinstance(item, TextPair) for item in items):
+        return [item.text for item in items], [item.text_pair for item in items]  # type: ignore[union-attr]
+    raise InvalidInput("inputs mix single texts and text pairs; send one kind per request")
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,136 @@
+"""Pure ASGI middleware: request body size limit, request metrics + access log.
+
+Pure ASGI (not BaseHTTPMiddleware) so streaming bodies are counted as they arrive and nothing is buffered.
+Reference: https://www.starlette.io/middleware/#pure-asgi-middleware
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.metrics import ServiceMetrics
+
+log = logging.getLogger("service.http")
+
+
+def error_body(code: str, message: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message}}).encode()
+
+
+class BodyLimitMiddleware:
+    """Reject bodies over `max_bytes` with 413: by Content-Length at once, or while streaming."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._reject(send, declared)
+            return
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise _TooLarge(received)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except _TooLarge as error:
+            if not started:
+                await self._reject(send, error.size)
+
+    async def _reject(self, send: Send, size: int) -> None:
+        body = error_body(
+            "payload_too_large",
+            f"the request body has more than {self.max_bytes} bytes ({size}); send fewer or shorter inputs",
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class MetricsMiddleware:
+    """Count requests by route template and status, observe latency, and log one JSON line per request."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = _route_template(scope)
+            self.metrics.observe_request("http", route, str(status), elapsed)
+            if route not in ("/metrics", "/health/live", "/health/ready"):
+                log.info(
+                    "request",
+                    extra={
+                        "method": scope.get("method"),
+                        "route": route,
+                        "status": status,
+                        "ms": round(elapsed * 1000, 2),
+                    },
+                )
+
+
+def _route_template(scope: dict[str, Any]) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"

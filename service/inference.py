@@ -1,0 +1,298 @@
+"""`InferenceService`: the one engine both front doors call (REST and gRPC never talk to backends directly).
+
+Per loaded model: a bundle (manifest + tokenizer), a task pipeline (`service.pipelines`), a backend (ONNX
+Runtime or Triton) and a batcher. A call validates the request (limits, options), builds features off the
+event loop, submits them to the model's batcher with a deadline, and post-processes the output rows. It
+returns the results and where the time went (`Timings`, sent back as headers / trailing metadata).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from service.backend import Backend
+from service.batcher import BatchConfig, Batcher
+from service.bundles import ServingBundle, find_bundles, open_bundle
+from service.errors import InvalidInput, NotReady, ServiceError, UnknownModel
+from service.metrics import ServiceMetrics
+from service.pipelines import (
+    AGGREGATION_STRATEGIES,
+    ClassifyInput,
+    NERInput,
+    Pipeline,
+    QAInput,
+    TaskInput,
+    make_pipeline,
+)
+from service.settings import ServiceSettings
+from service.tracing import Tracer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Timings:
+    """Where one request's time went, in milliseconds."""
+
+    tokenize_ms: float = 0.0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+    postprocess_ms: float = 0.0
+    total_ms: float = 0.0
+    batches: int = 0
+
+    def headers(self) -> dict[str, str]:
+        """The timing headers (HTTP) / trailing metadata (gRPC) of a response."""
+        return {
+            "x-tokenize-time-ms": f"{self.tokenize_ms:.3f}",
+            "x-queue-time-ms": f"{self.queue_ms:.3f}",
+            "x-inference-time-ms": f"{self.inference_ms:.3f}",
+            "x-postprocess-time-ms": f"{self.postprocess_ms:.3f}",
+            "x-total-time-ms": f"{self.total_ms:.3f}",
+            "x-backend-calls": str(self.batches),
+        }
+
+
+@dataclass
+class Outcome:
+    """Results (one per input, in order), the model that produced them, and the timings."""
+
+    model: str
+    results: list[Any]
+    timings: Timings
+
+
+@dataclass
+class LoadedModel:
+    bundle: ServingBundle
+    pipeline: Pipeline
+    backend: Backend
+    batcher: Batcher
+    is_default: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.bundle.name
+
+    def describe(self) -> dict[str, Any]:
+        manifest = self.bundle.manifest
+        return {
+            "name": manifest.name,
+            "task": manifest.task,
+            "labels": list(manifest.labels),
+            "variant": self.backend.variant,
+            "max_seq_length": manifest.max_seq_length,
+            "backend": self.backend.kind,
+            "is_default": self.is_default,
+        }
+
+
+@dataclass
+class ServiceState:
+    ready: bool = False
+    shutting_down: bool = False
+    load_error: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+class InferenceService:
+    """Loaded models, their batchers, and the three task entry points."""
+
+    def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or ServiceMetrics()
+        self.tracer = Tracer(settings.otlp_endpoint)
+        self.models: dict[str, LoadedModel] = {}
+        self.defaults: dict[str, str] = {}
+        self.state = ServiceState()
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    async def load(self) -> None:
+        """Open every bundle, start backends and batchers, warm up; then report ready."""
+        paths = find_bundles(self.settings.models, self.settings.bundles_dir)
+        for path in paths:
+            bundle = await asyncio.to_thread(open_bundle, path)
+            if bundle.name in self.models:
+                raise ValueError(
+                    f"two bundles are named {bundle.name!r} ({path} and {self.models[bundle.name].bundle.path})"
+                )
+            model = await self._start_model(bundle)
+            if bundle.task not in self.defaults:
+                self.defaults[bundle.task] = bundle.name
+                model.is_default = True
+            self.models[bundle.name] = model
+            log.info("model ready", extra={"model": bundle.name, "task": bundle.task, "variant": model.backend.variant})
+        if self.settings.warmup:
+            for model in self.models.values():
+                await self._warm_up(model)
+        self.state.ready = True
+        self.metrics.ready.set(1)
+
+    async def _start_model(self, bundle: ServingBundle) -> LoadedModel:
+        backend = self._make_backend(bundle)
+        await backend.start()
+        pipeline = make_pipeline(bundle)
+        settings = self.settings
+        config = BatchConfig(
+            max_batch_size=settings.effective_max_batch_size,
+            max_batch_tokens=max(settings.max_batch_tokens, bundle.manifest.max_seq_length),
+            max_wait_s=settings.max_wait_ms / 1000 if settings.batching else 0.0,
+            max_queue=settings.max_queue,
+            max_concurrency=settings.max_concurrent_batches,
+            passthrough=backend.batches_itself,
+            pad_id=bundle.tokenizer.pad_id,
+        )
+        batcher = Batcher(
+            bundle.name,
+            backend.infer,
+            config,
+            output_names=bundle.manifest.output_names,
+            sequence_outputs=pipeline.sequence_outputs,
+            observer=self.metrics,
+        )
+        await batcher.start()
+        return LoadedModel(bundle=bundle, pipeline=pipeline, backend=backend, batcher=batcher)
+
+    def _make_backend(self, bundle: ServingBundle) -> Backend:
+        settings = self.settings
+        if settings.backend == "triton":
+            from service.triton_backend import TritonBackend
+
+            return TritonBackend(
+                bundle.manifest,
+                url=settings.triton_url,
+                model_name=settings.triton_model_prefix + bundle.name,
+                batches_itself=settings.triton_batching,
+            )
+        from service.ort_backend import OrtBackend
+
+        return OrtBackend(
+            bundle.path,
+            bundle.manifest,
+            device=settings.device,
+            variant=settings.variant if settings.variant in bundle.manifest.variants else None,
+            intra_op_threads=settings.ort_intra_op_threads,
+            inter_op_threads=settings.ort_inter_op_threads,
+            workers=settings.inference_threads,
+        )
+
+    async def _warm_up(self, model: LoadedModel) -> None:
+        start = time.perf_counter()
+        await self._run(model, model.pipeline.warmup_input(), timeout_s=None, route="warmup")
+        log.info("warmed up", extra={"model": model.name, "ms": round((time.perf_counter() - start) * 1000, 1)})
+
+    async def close(self) -> None:
+        """Stop batchers (finishing running batches) and release backends."""
+        self.state.ready = False
+        self.state.shutting_down = True
+        self.metrics.ready.set(0)
+        for model in self.models.values():
+            await model.batcher.close()
+            await model.backend.close()
+        self.tracer.shutdown()
+
+    # ---- lookup -----------------------------------------------------------------------------------
+    def model_for(self, task: str, name: str | None) -> LoadedModel:
+        """The named model (or the task's default); raises UnknownModel / InvalidInput saying what exists."""
+        if not self.state.ready:
+            raise NotReady("the server is shutting down" if self.state.shutting_down else "models are still loading")
+        if not name:
+            default = self.defaults.get(task)
+            if default is None:
+                raise UnknownModel(f"no {task} model is loaded; loaded: {self._listing()}")
+            return self.models[default]
+        model = self.models.get(name)
+        if model is None:
+            raise UnknownModel(f"unknown model {name!r}; loaded: {self._listing()}")
+        if model.bundle.task != task:
+            raise InvalidInput(f"model {name!r} is a {model.bundle.task} model, not {task}; loaded: {self._listing()}")
+        return model
+
+    def _listing(self) -> str:
+        return ", ".join(f"{name} ({model.bundle.task})" for name, model in self.models.items()) or "none"
+
+    def list_models(self) -> list[dict[str, Any]]:
+        return [model.describe() for model in self.models.values()]
+
+    # ---- the three tasks --------------------------------------------------------------------------
+    async def classify(
+        self, request: ClassifyInput, model: str | None = None, timeout_s: float | None = None
+    ) -> Outcome:
+        self._check_texts(request.texts, "texts")
+        if request.pairs is not None:
+            self._check_texts(request.pairs, "text_pair", allow_empty=False)
+        if request.top_k is not None and request.top_k < 1:
+            raise InvalidInput(f"top_k must be at least 1 (or null for all labels), got {request.top_k}")
+        return await self._run(self.model_for("classify", model), request, timeout_s, route="classify")
+
+    async def qa(self, request: QAInput, model: str | None = None, timeout_s: float | None = None) -> Outcome:
+        self._check_texts(request.questions, "question")
+        self._check_texts(request.contexts, "context", count=False)
+        if not 1 <= request.top_k <= 20:
+            raise InvalidInput(f"top_k must be between 1 and 20, got {request.top_k}")
+        if not 1 <= request.max_answer_len <= 512:
+            raise InvalidInput(f"max_answer_len must be between 1 and 512 tokens, got {request.max_answer_len}")
+        if request.doc_stride is not None and request.doc_stride < 0:
+            raise InvalidInput(f"doc_stride must be >= 0, got {request.doc_stride}")
+        return await self._run(self.model_for("qa", model), request, timeout_s, route="qa")
+
+    async def ner(self, request: NERInput, model: str | None = None, timeout_s: float | None = None) -> Outcome:
+        self._check_texts(request.texts, "texts")
+        if request.aggregation_strategy not in AGGREGATION_STRATEGIES:
+            raise InvalidInput(
+                f"aggregation_strategy must be one of {', '.join(AGGREGATION_STRATEGIES)}, "
+                f"got {request.aggregation_strategy!r}"
+            )
+        return await self._run(self.model_for("ner", model), request, timeout_s, route="ner")
+
+    def _check_texts(self, texts: list[str], name: str, *, allow_empty: bool = False, count: bool = True) -> None:
+        limit = self.settings.max_inputs_per_request
+        if not texts:
+            raise InvalidInput(f"{name}: give at least one input")
+        if count and len(texts) > limit:
+            raise InvalidInput(f"{name}: {len(texts)} inputs in one request, more than the limit of {limit}; split it")
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InvalidInput(f"{name}[{index}] must be a string, got {type(text).__name__}")
+            if not allow_empty and not text.strip():
+                raise InvalidInput(f"{name}[{index}] is empty: send non-blank text")
+            if len(text) > self.settings.max_text_chars:
+                raise InvalidInput(
+                    f"{name}[{index}] has {len(text)} characters, more than the limit of "
+                    f"{self.settings.max_text_chars}; shorten it"
+                )
+
+    # ---- the common path --------------------------------------------------------------------------
+    async def _run(self, model: LoadedModel, request: TaskInput, timeout_s: float | None, route: str) -> Outcome:
+        loop = asyncio.get_running_loop()
+        budget = (
+            self.settings.request_timeout_s if timeout_s is None else min(timeout_s, self.settings.request_timeout_s)
+        )
+        deadline = loop.time() + budget
+        timings = Timings()
+        start = time.perf_counter()
+        with self.tracer.span(f"bertserve.{route}", model=model.name):
+            with self.tracer.span("tokenize"):
+                features = await asyncio.to_thread(model.pipeline.features, request)
+            tokenized = time.perf_counter()
+            result = await model.batcher.submit(features, deadline)
+            batched = time.perf_counter()
+            self.tracer.record("queue", tokenized, tokenized + result.queue_s, model=model.name)
+            self.tracer.record("infer", batched - result.inference_s, batched, model=model.name, batches=result.batches)
+            with self.tracer.span("postprocess"):
+                results = await asyncio.to_thread(model.pipeline.postprocess, request, features, result.outputs)
+        end = time.perf_counter()
+        timings.tokenize_ms = (tokenized - start) * 1000
+        timings.queue_ms = result.queue_s * 1000
+        timings.inference_ms = result.inference_s * 1000
+        timings.postprocess_ms = (end - batched) * 1000
+        timings.total_ms = (end - start) * 1000
+        timings.batches = result.batches
+        return Outcome(model=model.name, results=results, timings=timings)
+
+
+__all__ = ["InferenceService", "LoadedModel", "Outcome", "ServiceError", "Timings"]

@@ -1,0 +1,94 @@
+"""Prometheus metrics of the service (prometheus-client), on a registry of its own per app instance.
+
+Names follow https://prometheus.io/docs/practices/naming/ : requests by route and status, end-to-end
+latency, queue time, inference time, batch size and tokens, queue depth, rejections.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServiceMetrics:
+    """All metric families; implements the batcher's `BatchObserver`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "bertserve_requests",
+            "Requests by front door, route and outcome.",
+            ["transport", "route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "bertserve_request_seconds",
+            "End-to-end request latency.",
+            ["transport", "route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "bertserve_queue_seconds",
+            "Time from submission to the first backend call.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference = Histogram(
+            "bertserve_inference_seconds", "Backend call duration.", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.batch_size = Histogram(
+            "bertserve_batch_size", "Sequences per backend call.", ["model"], buckets=SIZE_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "bertserve_batch_tokens",
+            "Real (unpadded) tokens per backend call.",
+            ["model"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.padded_tokens = Counter(
+            "bertserve_padded_tokens", "Tokens computed including padding.", ["model"], registry=r
+        )
+        self.real_tokens = Counter("bertserve_tokens", "Real tokens computed.", ["model"], registry=r)
+        self.queue_depth = Gauge("bertserve_queue_depth", "Sequences waiting for a batch.", ["model"], registry=r)
+        self.rejections = Counter(
+            "bertserve_rejected",
+            "Requests rejected by the batcher (queue_full, deadline).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.ready = Gauge("bertserve_ready", "1 once every model is loaded and warmed up.", registry=r)
+
+    # ---- BatchObserver ----------------------------------------------------------------------------
+    def batch_done(self, model: str, rows: int, tokens: int, padded_tokens: int, seconds: float) -> None:
+        self.inference.labels(model).observe(seconds)
+        self.batch_size.labels(model).observe(rows)
+        self.batch_tokens.labels(model).observe(tokens)
+        self.padded_tokens.labels(model).inc(padded_tokens)
+        self.real_tokens.labels(model).inc(tokens)
+
+    def queued(self, model: str, seconds: float) -> None:
+        self.queue.labels(model).observe(seconds)
+
+    def depth(self, model: str, features: int) -> None:
+        self.queue_depth.labels(model).set(features)
+
+    def rejected(self, model: str, reason: str) -> None:
+        self.rejections.labels(model, reason).inc()
+
+    # ---- front doors ------------------------------------------------------------------------------
+    def observe_request(self, transport: str, route: str, status: str, seconds: float) -> None:
+        self.requests.labels(transport, route, status).inc()
+        self.latency.labels(transport, route).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,216 @@
+"""Glue between requests and the torch-free task logic of `bert_model.tasks` (never re-implemented here).
+
+Each pipeline turns one validated request into features (each remembering its input's index), and the
+features' output rows back into one result per input, in the shapes of Hugging Face pipelines:
+classify -> `[{label, score}]`, qa -> `[{answer, score, start, end}]`, ner -> `[{entity_group, score, word,
+start, end}]`. Errors of the task layer caused by the input (ValueError / TypeError) become `InvalidInput`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bert_model.tasks.classification import build_classification_features, classification_postprocess
+from bert_model.tasks.features import Feature
+from bert_model.tasks.qa import build_qa_features, qa_postprocess
+from bert_model.tokenization import InputTooLongError
+from service.bundles import ServingBundle
+from service.errors import InputTooLong, InvalidInput
+
+AGGREGATION_STRATEGIES = ("none", "simple", "first", "average", "max")
+QA_MAX_QUESTION_TOKENS = 64
+QA_DEFAULT_STRIDE = 128
+QA_DEFAULT_MAX_ANSWER_LEN = 15
+
+
+@dataclass
+class ClassifyInput:
+    texts: list[str]
+    pairs: list[str] | None = None
+    top_k: int | None = 1
+    """Labels per input (None = all)."""
+    truncate: bool = True
+
+
+@dataclass
+class QAInput:
+    questions: list[str]
+    contexts: list[str]
+    top_k: int = 1
+    max_answer_len: int = QA_DEFAULT_MAX_ANSWER_LEN
+    handle_impossible_answer: bool = False
+    doc_stride: int | None = None
+    truncate: bool = True
+
+
+@dataclass
+class NERInput:
+    texts: list[str]
+    aggregation_strategy: str = "simple"
+    truncate: bool = True
+
+
+TaskInput = ClassifyInput | QAInput | NERInput
+
+
+class Pipeline:
+    """Task logic for one bundle: features out of an input, results out of output rows."""
+
+    task = ""
+    sequence_outputs: tuple[str, ...] = ()
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        self.bundle = bundle
+        self.tokenizer = bundle.tokenizer
+        self.max_seq_length = bundle.manifest.max_seq_length
+        self.labels = list(bundle.manifest.labels)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.bundle.manifest.output_names
+
+    def features(self, request: Any) -> list[Feature]:
+        try:
+            return self._features(request)
+        except InputTooLongError as error:
+            raise InputTooLong(f"{error} (or set truncate=true)") from error
+        except (ValueError, TypeError) as error:
+            raise InvalidInput(str(error)) from error
+
+    def postprocess(self, request: Any, features: Sequence[Feature], outputs: list[dict[str, np.ndarray]]) -> list[Any]:
+        by_index = self._postprocess(request, features, outputs)
+        return [by_index.get(index, []) for index in range(self.count(request))]
+
+    def _features(self, request: Any) -> list[Feature]:
+        raise NotImplementedError
+
+    def _postprocess(self, request: Any, features: Sequence[Feature], outputs: list[dict[str, np.ndarray]]) -> dict:
+        raise NotImplementedError
+
+    def count(self, request: Any) -> int:
+        raise NotImplementedError
+
+    def warmup_input(self) -> Any:
+        raise NotImplementedError
+
+
+def _truncation(truncate: bool) -> str:
+    return "longest_first" if truncate else "none"
+
+
+class ClassifyPipeline(Pipeline):
+    task = "classify"
+
+    def _features(self, request: ClassifyInput) -> list[Feature]:
+        return list(
+            build_classification_features(
+                self.tokenizer,
+                request.texts,
+                request.pairs,
+                max_seq_length=self.max_seq_length,
+                truncation=_truncation(request.truncate),  # type: ignore[arg-type]
+            )
+        )
+
+    def _postprocess(self, request: ClassifyInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        logits = [output["logits"] for output in outputs]
+        return classification_postprocess(features, logits, self.labels, top_k=request.top_k)
+
+    def count(self, request: ClassifyInput) -> int:
+        return len(request.texts)
+
+    def warmup_input(self) -> ClassifyInput:
+        return ClassifyInput(texts=["warm up the model", "a second, somewhat longer warm-up sentence " * 4])
+
+
+class QAPipeline(Pipeline):
+    task = "qa"
+    sequence_outputs = ("start_logits", "end_logits")
+
+    @property
+    def max_question_tokens(self) -> int:
+        return min(QA_MAX_QUESTION_TOKENS, (self.max_seq_length - 3) // 2)
+
+    @property
+    def context_room(self) -> int:
+        """Context tokens per window: what the question and the three special tokens leave."""
+        return self.max_seq_length - self.max_question_tokens - 3
+
+    @property
+    def default_stride(self) -> int:
+        return min(QA_DEFAULT_STRIDE, self.context_room // 2)
+
+    def _features(self, request: QAInput) -> list[Feature]:
+        stride = self.default_stride if request.doc_stride is None else request.doc_stride
+        if stride >= self.context_room:
+            raise InvalidInput(
+                f"doc_stride {stride} must be smaller than the context tokens of one window "
+                f"({self.context_room} for this model)"
+            )
+        return list(
+            build_qa_features(
+                self.tokenizer,
+                request.questions,
+                request.contexts,
+                max_seq_length=self.max_seq_length,
+                doc_stride=stride,
+                max_query_length=self.max_question_tokens,
+            )
+        )
+
+    def _postprocess(self, request: QAInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        return qa_postprocess(
+            features,  # type: ignore[arg-type]
+            [output["start_logits"] for output in outputs],
+            [output["end_logits"] for output in outputs],
+            top_k=request.top_k,
+            max_answer_length=request.max_answer_len,
+            null_threshold=0.0 if request.handle_impossible_answer else None,
+        )
+
+    def count(self, request: QAInput) -> int:
+        return len(request.questions)
+
+    def warmup_input(self) -> QAInput:
+        context = "The service warms up every model once before it reports ready. " * 20
+        return QAInput(questions=["What does the service warm up?"], contexts=[context])
+
+
+class NERPipeline(Pipeline):
+    task = "ner"
+    sequence_outputs = ("logits",)
+
+    def _features(self, request: NERInput) -> list[Feature]:
+        from bert_model.tasks.ner import build_ner_features
+
+        return list(
+            build_ner_features(
+                self.tokenizer,
+                request.texts,
+                max_seq_length=self.max_seq_length,
+                truncation=_truncation(request.truncate),  # type: ignore[arg-type]
+            )
+        )
+
+    def _postprocess(self, request: NERInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        from bert_model.tasks.ner import ner_postprocess
+
+        logits = [output["logits"] for output in outputs]
+        return ner_postprocess(features, logits, self.labels, aggregation_strategy=request.aggregation_strategy)
+
+    def count(self, request: NERInput) -> int:
+        return len(request.texts)
+
+    def warmup_input(self) -> NERInput:
+        return NERInput(texts=["Ada Lovelace worked with Charles Babbage in London."])
+
+
+PIPELINES: dict[str, type[Pipeline]] = {"classify": ClassifyPipeline, "qa": QAPipeline, "ner": NERPipeline}
+
+
+def make_pipeline(bundle: ServingBundle) -> Pipeline:
+    return PIPELINES[bundle.task](bundle)

@@ -1,0 +1,183 @@
+"""REST request and response bodies (pydantic), with the OpenAPI examples users see in /docs.
+
+Shapes follow Hugging Face pipelines: one input in -> its result out; a list in -> a list of results out.
+Unknown fields are rejected (a typo in an option name must not be silently ignored).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
+
+MODEL_FIELD = Field(
+    None,
+    description="A loaded model name (GET /v1/models); omitted = the task's default model.",
+    examples=["minilm-sst2"],
+)
+TRUNCATE_FIELD = Field(
+    None,
+    description="Inputs longer than the model's maximum: true = cut them, false = reject them (422); "
+    "omitted = the server default.",
+)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class TextPair(_Body):
+    """A sentence pair (entailment, paraphrase): `text` is the first segment, `text_pair` the second."""
+
+    text: StrictStr
+    text_pair: StrictStr
+
+
+class ClassifyRequest(_Body):
+    """Classify a text, a list of texts, or text pairs."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"inputs": "a gripping, beautifully acted film"},
+                {"inputs": ["loved it", "a tedious mess"], "top_k": 2},
+                {"inputs": [{"text": "A man is playing a guitar.", "text_pair": "Someone plays music."}]},
+            ]
+        },
+    )
+    inputs: StrictStr | TextPair | list[StrictStr | TextPair] = Field(
+        ..., description="A text, a text pair, or a list of them (at most the server's per-request limit)."
+    )
+    top_k: StrictInt | None = Field(1, ge=1, description="Labels per input, best first; null = all labels.")
+    model: StrictStr | None = MODEL_FIELD
+    truncate: StrictBool | None = TRUNCATE_FIELD
+
+
+class LabelScore(BaseModel):
+    label: str = Field(..., examples=["positive"])
+    score: float = Field(..., examples=[0.9876])
+
+
+class QAPair(_Body):
+    question: StrictStr
+    context: StrictStr
+
+
+class QARequest(_Body):
+    """Extract answers from contexts: either `question` + `context`, or `inputs` (a list of pairs)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "question": "Where do I live?",
+                    "context": "My name is Wolfgang and I live in Berlin.",
+                },
+                {
+                    "inputs": [
+                        {"question": "Who wrote it?", "context": "The report was written by Ada in 1843."},
+                        {"question": "When?", "context": "The report was written by Ada in 1843."},
+                    ],
+                    "top_k": 2,
+                    "max_answer_len": 10,
+                },
+            ]
+        },
+    )
+    question: StrictStr | None = Field(None, description="The question (single form).")
+    context: StrictStr | None = Field(
+        None, description="The text holding the answer; longer than one window = several doc_stride windows."
+    )
+    inputs: list[QAPair] | None = Field(None, description="Several {question, context} pairs (list form).")
+    top_k: StrictInt = Field(1, ge=1, le=20, description="Answers per question, best first.")
+    max_answer_len: StrictInt = Field(15, ge=1, le=512, description="Longest answer, in tokens.")
+    handle_impossible_answer: StrictBool = Field(
+        False, description="Allow the empty answer {answer: '', start: 0, end: 0} when no span beats it."
+    )
+    doc_stride: StrictInt | None = Field(
+        None, ge=0, description="Tokens shared by consecutive windows of a long context; omitted = model default."
+    )
+    model: StrictStr | None = MODEL_FIELD
+    truncate: StrictBool | None = TRUNCATE_FIELD
+
+    @model_validator(mode="after")
+    def _one_form(self) -> QARequest:
+        single = self.question is not None or self.context is not None
+        if single and self.inputs is not None:
+            raise ValueError("give either question + context, or inputs, not both")
+        if not single and self.inputs is None:
+            raise ValueError("give question + context, or inputs: a list of {question, context}")
+        if single and (self.question is None or self.context is None):
+            raise ValueError("question and context must be given together")
+        return self
+
+
+class Answer(BaseModel):
+    answer: str = Field(..., description="context[start:end]; '' for no answer.", examples=["Berlin"])
+    score: float = Field(..., examples=[0.93])
+    start: int = Field(..., description="Character offset of the answer in the context.", examples=[34])
+    end: int = Field(..., description="Character offset one past the answer's end.", examples=[40])
+
+
+class NERRequest(_Body):
+    """Find named entities in a text or a list of texts."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"inputs": "Ada Lovelace worked with Charles Babbage in London."},
+                {"inputs": ["EU rejects German call.", "Peter Blackburn"], "aggregation_strategy": "first"},
+            ]
+        },
+    )
+    inputs: StrictStr | list[StrictStr] = Field(..., description="A text or a list of texts.")
+    aggregation_strategy: AggregationStrategy = Field(
+        "simple",
+        description="none = one entry per token with its tag; simple/first/average/max group word pieces "
+        "and words into entities (Hugging Face token-classification semantics).",
+    )
+    model: StrictStr | None = MODEL_FIELD
+    truncate: StrictBool | None = TRUNCATE_FIELD
+
+
+class Entity(BaseModel):
+    entity_group: str | None = Field(None, description="Entity type (aggregated strategies).", examples=["PER"])
+    entity: str | None = Field(None, description="Token tag (aggregation none).", examples=["B-PER"])
+    score: float = Field(..., examples=[0.998])
+    word: str = Field(..., examples=["Ada Lovelace"])
+    start: int = Field(..., description="Character offset in the text.", examples=[0])
+    end: int = Field(..., description="Character offset one past the entity.", examples=[12])
+    index: int | None = Field(None, description="Token index (aggregation none).")
+
+
+class ModelInfo(BaseModel):
+    name: str = Field(..., examples=["minilm-sst2"])
+    task: str = Field(..., examples=["classify"])
+    labels: list[str] = Field(default_factory=list, examples=[["negative", "positive"]])
+    variant: str = Field(..., examples=["cpu-int8"])
+    max_seq_length: int = Field(..., examples=[128])
+    backend: str = Field(..., examples=["ort"])
+    is_default: bool = Field(..., description="Whether requests without `model` get this one for its task.")
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(..., examples=["invalid_input"])
+    message: str = Field(..., examples=["inputs[0] is empty: send non-blank text"])
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: str = Field(..., examples=["ready"])
+    detail: str | None = None

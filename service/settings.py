@@ -1,0 +1,113 @@
+"""Service settings: one pydantic-settings class, every field also an environment variable `BERTSERVE_<FIELD>`.
+
+Built once by the CLI (`bertserve serve`) or a test and passed to `create_app(settings)`; nothing reads the
+environment at import time. Lists accept JSON or comma-separated values (`BERTSERVE_MODELS=a,b`).
+Reference: https://docs.pydantic.dev/latest/concepts/pydantic_settings/
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_MODELS = ("minilm-sst2", "minilm-squad", "minilm-conll03")
+DEFAULT_BUNDLES_DIR = Path("artifacts/bundles")
+
+CommaList = Annotated[list[str], NoDecode]
+
+
+class ServiceSettings(BaseSettings):
+    """Everything `bertserve serve` can be told; each field is also the env var BERTSERVE_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="BERTSERVE_", extra="ignore", validate_default=True)
+
+    # ---- what to serve --------------------------------------------------------------------------
+    models: CommaList = Field(
+        default=list(DEFAULT_MODELS),
+        description="Bundle folders, a folder of bundles, or bundle names under bundles_dir. The first model "
+        "of each task is that task's default.",
+    )
+    bundles_dir: Path = Field(DEFAULT_BUNDLES_DIR, description="Where bundle names are looked up.")
+    backend: Literal["ort", "triton"] = Field("ort", description="ONNX Runtime in-process, or a Triton server.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="ORT hardware; auto = CUDA if available.")
+    variant: str | None = Field(None, description="Force one bundle variant (e.g. cpu-fp32) for every model.")
+
+    # ---- network ------------------------------------------------------------------------------
+    host: str = Field("0.0.0.0", description="Interface both front doors listen on.")
+    http_port: int = Field(8000, ge=0, le=65535, description="REST port (0 = any free port).")
+    grpc_port: int = Field(50051, ge=-1, le=65535, description="gRPC port (0 = any free port, -1 = no gRPC).")
+
+    # ---- batching -----------------------------------------------------------------------------
+    batching: bool = Field(True, description="Dynamic batching across requests; off = one feature per call.")
+    max_batch_size: int = Field(32, ge=1, description="Most features (sequences) in one backend call.")
+    max_batch_tokens: int = Field(16384, ge=8, description="Token budget of one call: rows x padded length.")
+    max_wait_ms: float = Field(2.0, ge=0, description="Longest a batch waits for more requests to fill it.")
+    max_queue: int = Field(512, ge=1, description="Features waiting per model; beyond it requests get 429.")
+    max_concurrent_batches: int = Field(1, ge=1, description="Backend calls in flight per model.")
+    request_timeout_s: float = Field(30.0, gt=0, description="Per-request deadline (504 / DEADLINE_EXCEEDED).")
+
+    # ---- input limits -------------------------------------------------------------------------
+    truncate: bool = Field(True, description="Default for inputs over the model length: cut (true) or reject.")
+    max_inputs_per_request: int = Field(64, ge=1, description="Most texts (or QA pairs) in one request.")
+    max_text_chars: int = Field(100_000, ge=1, description="Longest text (or QA context) in characters.")
+    max_body_bytes: int = Field(2_000_000, ge=1024, description="Largest request body (HTTP and gRPC).")
+
+    # ---- ONNX Runtime -------------------------------------------------------------------------
+    ort_intra_op_threads: int = Field(0, ge=0, description="Threads inside one operator (0 = ORT default).")
+    ort_inter_op_threads: int = Field(0, ge=0, description="Threads across operators (0 = ORT default).")
+    inference_threads: int = Field(1, ge=1, description="Worker threads running backend calls off the loop.")
+
+    # ---- Triton -------------------------------------------------------------------------------
+    triton_url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port.")
+    triton_model_prefix: str = Field("", description="Prefix of model names in the Triton repository.")
+    triton_batching: bool = Field(True, description="Triton batches itself: our batcher passes requests through.")
+
+    # ---- access and observability -------------------------------------------------------------
+    api_key: SecretStr | None = Field(None, description="If set, requests need `Authorization: Bearer <key>`.")
+    cors_origins: CommaList = Field(default_factory=list, description="Allowed CORS origins (empty = no CORS).")
+    otlp_endpoint: str | None = Field(None, description="OTLP/gRPC endpoint for traces; unset = no tracing.")
+    log_level: str = Field("info", description="debug, info, warning, error.")
+    log_json: bool = Field(True, description="Structured JSON log lines (false = plain text).")
+    warmup: bool = Field(True, description="Run each model once at load, before reporting ready.")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="How long SIGTERM waits for in-flight requests.")
+
+    @field_validator("models", "cors_origins", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [item.strip() for item in text.split(",") if item.strip()]
+        return value
+
+    @field_validator("api_key", "otlp_endpoint", "variant", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, value: str) -> str:
+        level = value.lower()
+        if level not in ("debug", "info", "warning", "error", "critical"):
+            raise ValueError(f"log_level must be debug, info, warning, error or critical, got {value!r}")
+        return level
+
+    @model_validator(mode="after")
+    def _check(self) -> ServiceSettings:
+        if not self.models:
+            raise ValueError("models is empty: name at least one bundle folder or bundle name")
+        if self.max_batch_tokens < 8:
+            raise ValueError("max_batch_tokens must be at least 8")
+        return self
+
+    @property
+    def effective_max_batch_size(self) -> int:
+        """1 when batching is off, so every feature is its own backend call."""
+        return self.max_batch_size if self.batching else 1
