@@ -180,7 +180,7 @@ class Batcher:
     async def submit(self, features: Sequence[Encoded], deadline: float) -> BatchResult:
         """Queue `features` and wait for their outputs; raises Overloaded / DeadlineExceeded / BackendError.
 
-        `deadline` is in `loop.time()` seconds.
+        `deadline` is in `time.perf_counter()` seconds (uvloop's loop clock has only millisecond steps).
         """
         if self._closed or self._wakeup is None:
             raise ServiceError("the batcher is not running")
@@ -195,7 +195,7 @@ class Batcher:
             self._notify_rejected("queue_full")
             raise Overloaded(f"model {self.model!r} is at capacity ({self.queue_depth} sequences queued); retry later")
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = time.perf_counter()
         request = _Request(
             features=features,
             future=loop.create_future(),
@@ -207,17 +207,17 @@ class Batcher:
         if self.config.passthrough:
             return await self._passthrough(request)
         self._enqueue(request)
-        return await self._await(request, loop)
+        return await self._await(request)
 
-    async def _await(self, request: _Request, loop: asyncio.AbstractEventLoop) -> BatchResult:
+    async def _await(self, request: _Request) -> BatchResult:
         try:
-            async with asyncio.timeout_at(request.deadline):
+            async with asyncio.timeout(request.deadline - time.perf_counter()):
                 # shield: a timeout must not cancel the future before we mark the request as dead
                 return await asyncio.shield(request.future)
         except TimeoutError:
             self._expire(request)
             self._notify_rejected("deadline")
-            raise DeadlineExceeded(self._deadline_message(request, loop.time())) from None
+            raise DeadlineExceeded(self._deadline_message(request, time.perf_counter())) from None
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -225,7 +225,7 @@ class Batcher:
                 raise
             # the batcher expired it (deadline passed while queued)
             self._notify_rejected("deadline")
-            raise DeadlineExceeded(self._deadline_message(request, loop.time())) from None
+            raise DeadlineExceeded(self._deadline_message(request, time.perf_counter())) from None
 
     def _deadline_message(self, request: _Request, now: float) -> str:
         waited_ms = (now - request.submitted) * 1000
@@ -255,12 +255,12 @@ class Batcher:
         self._in_flight += len(items)
         self._notify_depth()
         try:
-            async with asyncio.timeout_at(request.deadline):
+            async with asyncio.timeout(request.deadline - time.perf_counter()):
                 await self._execute(items)
                 return await request.future
         except TimeoutError:
             self._notify_rejected("deadline")
-            raise DeadlineExceeded(self._deadline_message(request, asyncio.get_running_loop().time())) from None
+            raise DeadlineExceeded(self._deadline_message(request, time.perf_counter())) from None
         finally:
             self._in_flight -= len(items)
             self._notify_depth()
@@ -285,14 +285,13 @@ class Batcher:
 
     async def _next_batch(self) -> list[_Item]:
         assert self._wakeup is not None
-        loop = asyncio.get_running_loop()
         while not self._closed:
-            self._drop_dead(loop.time())
+            self._drop_dead(time.perf_counter())
             if not self._pending:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            wait = self._pending[0].submitted + self.config.max_wait_s - loop.time()
+            wait = self._pending[0].submitted + self.config.max_wait_s - time.perf_counter()
             if wait <= 0 or self._full():
                 return self._take_batch()
             self._wakeup.clear()
@@ -361,11 +360,10 @@ class Batcher:
 
     # ---- running a batch --------------------------------------------------------------------------
     async def _execute(self, batch: list[_Item]) -> None:
-        loop = asyncio.get_running_loop()
         batch = [item for item in batch if not item.request.dead]
         if not batch:
             return
-        start = loop.time()
+        start = time.perf_counter()
         for item in batch:
             request = item.request
             if request.first_start is None:
@@ -384,7 +382,7 @@ class Batcher:
             log.exception("backend failed on a batch of %d for model %s", len(batch), self.model)
             self._fail(batch, BackendError(f"the backend failed on this request's batch: {error}"))
             return
-        elapsed = loop.time() - start
+        elapsed = time.perf_counter() - start
         if self._observer is not None:
             tokens = int(arrays["attention_mask"].sum())
             self._observer.batch_done(self.model, len(batch), tokens, int(arrays["input_ids"].size), elapsed)
@@ -446,7 +444,7 @@ class Batcher:
             if not item.request.dead:
                 item.request.future.set_exception(error)
         # other features of a failed request may still wait in the queue: drop them
-        self._drop_dead(asyncio.get_running_loop().time())
+        self._drop_dead(time.perf_counter())
 
     # ---- observation ------------------------------------------------------------------------------
     def _notify_depth(self) -> None:
@@ -456,11 +454,3 @@ class Batcher:
     def _notify_rejected(self, reason: str) -> None:
         if self._observer is not None:
             self._observer.rejected(self.model, reason)
-
-
-def monotonic() -> float:
-    """Seconds on the clock `submit()` deadlines use (the running loop's)."""
-    try:
-        return asyncio.get_running_loop().time()
-    except RuntimeError:
-        return time.monotonic()

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from bertserve.errors import exit_on_user_error
+from service.settings import ServiceSettings
 
 
 def register(app: typer.Typer) -> None:
@@ -88,12 +89,11 @@ def serve(
     run_server(settings)
 
 
-def build_settings(overrides: dict[str, Any]):  # type: ignore[no-untyped-def]
+def build_settings(overrides: dict[str, Any]) -> ServiceSettings:
     """ServiceSettings from CLI overrides + env; checks that every bundle exists before anything starts."""
     from pydantic import ValidationError
 
     from service.bundles import find_bundles
-    from service.settings import ServiceSettings
 
     try:
         settings = ServiceSettings(**overrides)

@@ -12,7 +12,8 @@ import sys
 import time
 from typing import Any
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__)
+_STANDARD |= {"message", "asctime", "taskName", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

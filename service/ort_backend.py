@@ -102,8 +102,9 @@ class OrtBackend:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._session = await loop.run_in_executor(self._executor, self._create_session)
-        log.info("loaded %s variant %s on %s", self.manifest.name, self.variant, self._session.get_providers()[0])
+        session = await loop.run_in_executor(self._executor, self._create_session)
+        self._session = session
+        log.info("loaded %s variant %s on %s", self.manifest.name, self.variant, session.get_providers()[0])
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self._session

@@ -16,15 +16,17 @@ import numpy as np
 
 from bert_model.tasks.classification import build_classification_features, classification_postprocess
 from bert_model.tasks.features import Feature
+from bert_model.tasks.ner import build_ner_features, ner_postprocess
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
 from bert_model.tokenization import InputTooLongError
 from service.bundles import ServingBundle
-from service.errors import InputTooLong, InvalidInput
+from service.errors import BackendError, InputTooLong, InvalidInput
 
 AGGREGATION_STRATEGIES = ("none", "simple", "first", "average", "max")
 QA_MAX_QUESTION_TOKENS = 64
 QA_DEFAULT_STRIDE = 128
 QA_DEFAULT_MAX_ANSWER_LEN = 15
+NER_DEFAULT_STRIDE = 32
 
 
 @dataclass
@@ -82,7 +84,10 @@ class Pipeline:
             raise InvalidInput(str(error)) from error
 
     def postprocess(self, request: Any, features: Sequence[Feature], outputs: list[dict[str, np.ndarray]]) -> list[Any]:
-        by_index = self._postprocess(request, features, outputs)
+        try:
+            by_index = self._postprocess(request, features, outputs)
+        except (ValueError, TypeError) as error:  # outputs that do not fit the features: not the caller's fault
+            raise BackendError(f"post-processing failed: {error}") from error
         return [by_index.get(index, []) for index in range(self.count(request))]
 
     def _features(self, request: Any) -> list[Feature]:
@@ -151,16 +156,17 @@ class QAPipeline(Pipeline):
                 f"doc_stride {stride} must be smaller than the context tokens of one window "
                 f"({self.context_room} for this model)"
             )
-        return list(
-            build_qa_features(
-                self.tokenizer,
-                request.questions,
-                request.contexts,
-                max_seq_length=self.max_seq_length,
-                doc_stride=stride,
-                max_query_length=self.max_question_tokens,
-            )
+        features = build_qa_features(
+            self.tokenizer,
+            request.questions,
+            request.contexts,
+            max_seq_length=self.max_seq_length,
+            doc_stride=stride,
+            max_query_length=self.max_question_tokens,
         )
+        if not request.truncate:
+            _reject_windows(features, "context", self.max_seq_length)
+        return list(features)
 
     def _postprocess(self, request: QAInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
         return qa_postprocess(
@@ -184,29 +190,43 @@ class NERPipeline(Pipeline):
     task = "ner"
     sequence_outputs = ("logits",)
 
-    def _features(self, request: NERInput) -> list[Feature]:
-        from bert_model.tasks.ner import build_ner_features
+    @property
+    def stride(self) -> int:
+        """Tokens shared by consecutive windows of a long text."""
+        return min(NER_DEFAULT_STRIDE, (self.max_seq_length - 2) // 4)
 
-        return list(
-            build_ner_features(
-                self.tokenizer,
-                request.texts,
-                max_seq_length=self.max_seq_length,
-                truncation=_truncation(request.truncate),  # type: ignore[arg-type]
-            )
+    def _features(self, request: NERInput) -> list[Feature]:
+        features = build_ner_features(
+            self.tokenizer, request.texts, max_seq_length=self.max_seq_length, stride=self.stride
         )
+        if not request.truncate:
+            _reject_windows(features, "texts", self.max_seq_length)
+        return list(features)
 
     def _postprocess(self, request: NERInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
-        from bert_model.tasks.ner import ner_postprocess
-
         logits = [output["logits"] for output in outputs]
-        return ner_postprocess(features, logits, self.labels, aggregation_strategy=request.aggregation_strategy)
+        return ner_postprocess(
+            features,  # type: ignore[arg-type]
+            logits,
+            self.labels,
+            aggregation_strategy=request.aggregation_strategy,  # type: ignore[arg-type]
+        )
 
     def count(self, request: NERInput) -> int:
         return len(request.texts)
 
     def warmup_input(self) -> NERInput:
         return NERInput(texts=["Ada Lovelace worked with Charles Babbage in London."])
+
+
+def _reject_windows(features: Sequence[Any], name: str, max_seq_length: int) -> None:
+    """With truncate=false, an input that needs more than one window is refused (QA contexts, NER texts)."""
+    for feature in features:
+        if feature.window_index > 0:
+            raise InputTooLong(
+                f"{name}[{feature.request_index}] does not fit in one window of {max_seq_length} tokens; "
+                "shorten it, or send truncate=true to process it in overlapping windows"
+            )
 
 
 PIPELINES: dict[str, type[Pipeline]] = {"classify": ClassifyPipeline, "qa": QAPipeline, "ner": NERPipeline}

@@ -146,13 +146,15 @@ class NERRequest(_Body):
 
 
 class Entity(BaseModel):
-    entity_group: str | None = Field(None, description="Entity type (aggregated strategies).", examples=["PER"])
-    entity: str | None = Field(None, description="Token tag (aggregation none).", examples=["B-PER"])
+    entity_group: str = Field(
+        ...,
+        description="Entity type (PER, ORG, ...); with aggregation none, the token's tag (B-PER).",
+        examples=["PER"],
+    )
     score: float = Field(..., examples=[0.998])
-    word: str = Field(..., examples=["Ada Lovelace"])
+    word: str = Field(..., description="text[start:end], the exact original characters.", examples=["Ada Lovelace"])
     start: int = Field(..., description="Character offset in the text.", examples=[0])
     end: int = Field(..., description="Character offset one past the entity.", examples=[12])
-    index: int | None = Field(None, description="Token index (aggregation none).")
 
 
 class ModelInfo(BaseModel):

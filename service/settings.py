@@ -30,49 +30,53 @@ class ServiceSettings(BaseSettings):
         description="Bundle folders, a folder of bundles, or bundle names under bundles_dir. The first model "
         "of each task is that task's default.",
     )
-    bundles_dir: Path = Field(DEFAULT_BUNDLES_DIR, description="Where bundle names are looked up.")
-    backend: Literal["ort", "triton"] = Field("ort", description="ONNX Runtime in-process, or a Triton server.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="ORT hardware; auto = CUDA if available.")
-    variant: str | None = Field(None, description="Force one bundle variant (e.g. cpu-fp32) for every model.")
+    bundles_dir: Path = Field(default=DEFAULT_BUNDLES_DIR, description="Where bundle names are looked up.")
+    backend: Literal["ort", "triton"] = Field(default="ort", description="ONNX Runtime in-process, or a Triton server.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="ORT hardware; auto = CUDA if available."
+    )
+    variant: str | None = Field(default=None, description="Force one bundle variant (e.g. cpu-fp32) for every model.")
 
     # ---- network ------------------------------------------------------------------------------
-    host: str = Field("0.0.0.0", description="Interface both front doors listen on.")
-    http_port: int = Field(8000, ge=0, le=65535, description="REST port (0 = any free port).")
-    grpc_port: int = Field(50051, ge=-1, le=65535, description="gRPC port (0 = any free port, -1 = no gRPC).")
+    host: str = Field(default="0.0.0.0", description="Interface both front doors listen on.")
+    http_port: int = Field(default=8000, ge=0, le=65535, description="REST port (0 = any free port).")
+    grpc_port: int = Field(default=50051, ge=-1, le=65535, description="gRPC port (0 = any free port, -1 = no gRPC).")
 
     # ---- batching -----------------------------------------------------------------------------
-    batching: bool = Field(True, description="Dynamic batching across requests; off = one feature per call.")
-    max_batch_size: int = Field(32, ge=1, description="Most features (sequences) in one backend call.")
-    max_batch_tokens: int = Field(16384, ge=8, description="Token budget of one call: rows x padded length.")
-    max_wait_ms: float = Field(2.0, ge=0, description="Longest a batch waits for more requests to fill it.")
-    max_queue: int = Field(512, ge=1, description="Features waiting per model; beyond it requests get 429.")
-    max_concurrent_batches: int = Field(1, ge=1, description="Backend calls in flight per model.")
-    request_timeout_s: float = Field(30.0, gt=0, description="Per-request deadline (504 / DEADLINE_EXCEEDED).")
+    batching: bool = Field(default=True, description="Dynamic batching across requests; off = one feature per call.")
+    max_batch_size: int = Field(default=32, ge=1, description="Most features (sequences) in one backend call.")
+    max_batch_tokens: int = Field(default=16384, ge=8, description="Token budget of one call: rows x padded length.")
+    max_wait_ms: float = Field(default=2.0, ge=0, description="Longest a batch waits for more requests to fill it.")
+    max_queue: int = Field(default=512, ge=1, description="Features waiting per model; beyond it requests get 429.")
+    max_concurrent_batches: int = Field(default=1, ge=1, description="Backend calls in flight per model.")
+    request_timeout_s: float = Field(default=30.0, gt=0, description="Per-request deadline (504 / DEADLINE_EXCEEDED).")
 
     # ---- input limits -------------------------------------------------------------------------
-    truncate: bool = Field(True, description="Default for inputs over the model length: cut (true) or reject.")
-    max_inputs_per_request: int = Field(64, ge=1, description="Most texts (or QA pairs) in one request.")
-    max_text_chars: int = Field(100_000, ge=1, description="Longest text (or QA context) in characters.")
-    max_body_bytes: int = Field(2_000_000, ge=1024, description="Largest request body (HTTP and gRPC).")
+    truncate: bool = Field(default=True, description="Default for inputs over the model length: cut (true) or reject.")
+    max_inputs_per_request: int = Field(default=64, ge=1, description="Most texts (or QA pairs) in one request.")
+    max_text_chars: int = Field(default=100_000, ge=1, description="Longest text (or QA context) in characters.")
+    max_body_bytes: int = Field(default=2_000_000, ge=1024, description="Largest request body (HTTP and gRPC).")
 
     # ---- ONNX Runtime -------------------------------------------------------------------------
-    ort_intra_op_threads: int = Field(0, ge=0, description="Threads inside one operator (0 = ORT default).")
-    ort_inter_op_threads: int = Field(0, ge=0, description="Threads across operators (0 = ORT default).")
-    inference_threads: int = Field(1, ge=1, description="Worker threads running backend calls off the loop.")
+    ort_intra_op_threads: int = Field(default=0, ge=0, description="Threads inside one operator (0 = ORT default).")
+    ort_inter_op_threads: int = Field(default=0, ge=0, description="Threads across operators (0 = ORT default).")
+    inference_threads: int = Field(default=1, ge=1, description="Worker threads running backend calls off the loop.")
 
     # ---- Triton -------------------------------------------------------------------------------
-    triton_url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port.")
-    triton_model_prefix: str = Field("", description="Prefix of model names in the Triton repository.")
-    triton_batching: bool = Field(True, description="Triton batches itself: our batcher passes requests through.")
+    triton_url: str = Field(default="localhost:8001", description="Triton gRPC endpoint host:port.")
+    triton_model_prefix: str = Field(default="", description="Prefix of model names in the Triton repository.")
+    triton_batching: bool = Field(
+        default=True, description="Triton batches itself: our batcher passes requests through."
+    )
 
     # ---- access and observability -------------------------------------------------------------
-    api_key: SecretStr | None = Field(None, description="If set, requests need `Authorization: Bearer <key>`.")
+    api_key: SecretStr | None = Field(default=None, description="If set, requests need `Authorization: Bearer <key>`.")
     cors_origins: CommaList = Field(default_factory=list, description="Allowed CORS origins (empty = no CORS).")
-    otlp_endpoint: str | None = Field(None, description="OTLP/gRPC endpoint for traces; unset = no tracing.")
-    log_level: str = Field("info", description="debug, info, warning, error.")
-    log_json: bool = Field(True, description="Structured JSON log lines (false = plain text).")
-    warmup: bool = Field(True, description="Run each model once at load, before reporting ready.")
-    shutdown_grace_s: float = Field(10.0, ge=0, description="How long SIGTERM waits for in-flight requests.")
+    otlp_endpoint: str | None = Field(default=None, description="OTLP/gRPC endpoint for traces; unset = no tracing.")
+    log_level: str = Field(default="info", description="debug, info, warning, error.")
+    log_json: bool = Field(default=True, description="Structured JSON log lines (false = plain text).")
+    warmup: bool = Field(default=True, description="Run each model once at load, before reporting ready.")
+    shutdown_grace_s: float = Field(default=10.0, ge=0, description="How long SIGTERM waits for in-flight requests.")
 
     @field_validator("models", "cors_origins", mode="before")
     @classmethod

@@ -120,16 +120,13 @@ class NERServicer(_Base, pb_grpc.NERServicer):
 
 
 def _entity(entity: dict[str, Any]) -> Any:
-    message = pb.Entity(
-        entity_group=entity.get("entity_group") or entity.get("entity") or "",
+    return pb.Entity(
+        entity_group=entity["entity_group"],
         score=entity["score"],
         word=entity["word"],
         start=entity["start"],
         end=entity["end"],
     )
-    if entity.get("index") is not None:
-        message.index = entity["index"]
-    return message
 
 
 class ModelsServicer(_Base, pb_grpc.ModelsServicer):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from types import ModuleType
 
 PROTO_ROOT = Path(__file__).resolve().parents[2] / "proto"
 PROTO_FILE = PROTO_ROOT / "bert" / "v1" / "bert.proto"
@@ -46,16 +45,11 @@ def generate(repo_root: Path = PROTO_ROOT.parent) -> None:
         raise RuntimeError(f"protoc failed with exit code {code} on {PROTO_FILE}")
 
 
-def _load() -> tuple[ModuleType, ModuleType]:
-    try:
-        pb2 = importlib.import_module("proto.gen.bert.v1.bert_pb2")
-        pb2_grpc = importlib.import_module("proto.gen.bert.v1.bert_pb2_grpc")
-    except ImportError:
-        generate()
-        importlib.invalidate_caches()
-        pb2 = importlib.import_module("proto.gen.bert.v1.bert_pb2")
-        pb2_grpc = importlib.import_module("proto.gen.bert.v1.bert_pb2_grpc")
-    return pb2, pb2_grpc
+try:
+    from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
+except ImportError:  # not generated yet: do what `make proto` does
+    generate()
+    importlib.invalidate_caches()
+    from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
 
-
-bert_pb2, bert_pb2_grpc = _load()
+__all__ = ["bert_pb2", "bert_pb2_grpc", "generate"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -160,7 +160,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return _error(500, "internal", "internal error (logged on the server)")
 
 
-def _describe(problems: list[Any]) -> str:
+def _describe(problems: Sequence[Any]) -> str:
     """One line naming every invalid field and what was expected."""
     parts = []
     for problem in problems[:5]:
@@ -172,7 +172,8 @@ def _describe(problems: list[Any]) -> str:
 
 # ---- routes ---------------------------------------------------------------------------------------------
 def _service(request: Request) -> InferenceService:
-    return request.app.state.service  # type: ignore[no-any-return]
+    service: InferenceService = request.app.state.service
+    return service
 
 
 def _require_key(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
@@ -207,7 +208,7 @@ def _add_routes(app: FastAPI) -> None:
     async def classify(body: ClassifyRequest, request: Request, response: Response) -> Any:
         """Classify texts or text pairs: `[{label, score}]` per input, best first."""
         single = not isinstance(body.inputs, list)
-        items = [body.inputs] if single else list(body.inputs)  # type: ignore[list-item]
+        items: list[str | TextPair] = list(body.inputs) if isinstance(body.inputs, list) else [body.inputs]
         texts, pairs = _split_pairs(items)
         task_input = ClassifyInput(
             texts=texts, pairs=pairs, top_k=body.top_k, truncate=_truncate(request, body.truncate)
@@ -244,7 +245,6 @@ def _add_routes(app: FastAPI) -> None:
     @app.post(
         "/ner",
         response_model=list[Entity] | list[list[Entity]],
-        response_model_exclude_none=True,
         responses=ERROR_RESPONSES,
         dependencies=secured,
         tags=["tasks"],
@@ -289,7 +289,8 @@ def _split_pairs(items: list[str | TextPair]) -> tuple[list[str], list[str] | No
     if all(isinstance(item, str) for item in items):
         return [str(item) for item in items], None
     if all(isinstance(item, TextPair) for item in items):
-        return [item.text for item in items], [item.text_pair for item in items]  # type: ignore[union-attr]
+        pairs = [item for item in items if isinstance(item, TextPair)]
+        return [item.text for item in pairs], [item.text_pair for item in pairs]
     raise InvalidInput("inputs mix single texts and text pairs; send one kind per request")
 
 

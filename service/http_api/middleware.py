@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -130,7 +129,7 @@ class MetricsMiddleware:
                 )
 
 
-def _route_template(scope: dict[str, Any]) -> str:
+def _route_template(scope: Scope) -> str:
     route = scope.get("route")
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else "unmatched"
