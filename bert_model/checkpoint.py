@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -67,7 +68,12 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 def _read_file(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         return load_file(str(path))
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(
+            f"{path} holds more than tensors and is refused (only weights_only loading is allowed): {error}"
+        ) from error
     if not isinstance(loaded, dict):
         raise ValueError(f"{path} does not hold a state dict (got {type(loaded).__name__})")
     return loaded
@@ -137,17 +143,20 @@ class PreTrainedMixin:
         state = normalize_keys(state, has_prefix)
         own = self.state_dict()
         report = LoadReport(source=source)
+        mismatches = []
         for key, tensor in state.items():
             if key in self.tied_weights:
                 continue
             if key not in own:
                 report.unexpected_keys.append(key)
-                continue
-            if tuple(tensor.shape) != tuple(own[key].shape):
-                raise ValueError(
-                    f"shape mismatch for parameter {key!r} from {source}: checkpoint has "
-                    f"{tuple(tensor.shape)}, model expects {tuple(own[key].shape)}"
+            elif tuple(tensor.shape) != tuple(own[key].shape):
+                mismatches.append(
+                    f"{key!r}: checkpoint has {tuple(tensor.shape)}, model expects {tuple(own[key].shape)}"
                 )
+        if mismatches:
+            raise ValueError(
+                f"shape mismatch for {len(mismatches)} parameter(s) from {source}: " + "; ".join(mismatches[:4])
+            )
         missing = [
             k for k in own if k not in state and k not in self.tied_weights and k != "cls.predictions.decoder.bias"
         ]

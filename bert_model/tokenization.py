@@ -58,6 +58,9 @@ class BertTokenizer:
             vocab.setdefault(line.rstrip("\n"), index)
         if not vocab:
             raise ValueError(f"{path} is empty")
+        missing = [token for token in SPECIAL_TOKENS if token not in vocab]
+        if missing:
+            raise ValueError(f"{path} lacks BERT's special tokens {missing}")
         return cls(build_wordpiece(vocab, lowercase), lowercase, model_max_length)
 
     @classmethod

@@ -40,7 +40,10 @@ def describe_model(model: str) -> dict[str, Any]:
     folder = resolve_model_path(model)
     config = BertConfig.load(folder)
     state = load_checkpoint_state(folder, config)
-    parameters = sum(t.numel() for k, t in state.items() if not k.endswith("decoder.weight"))
+    # Tied copies and buffers (old checkpoints store position_ids) are not parameters.
+    parameters = sum(
+        t.numel() for k, t in state.items() if not k.endswith(("decoder.weight", "decoder.bias", "position_ids"))
+    )
     tokenizer = BertTokenizer.from_pretrained(folder)
     return {
         "model": model,

@@ -1,0 +1,133 @@
+"""Parity with Hugging Face `transformers` (the oracle): every class, tiny random configs and the real MiniLM
+weights, real sentences with padding and sentence pairs. max |difference| <= 1e-5, fp32, eval mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from bert_model.config import BertConfig
+from bert_model.heads import (
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
+from bert_model.modeling import BertModel
+from bert_model.registry import minilm_path
+from bert_model.tokenization import BertTokenizer
+from tests.bert_model.real_text import conll_sentences, squad_pairs, sst2_sentences
+
+TOLERANCE = 1e-5
+LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+# (ours, theirs, output fields compared)
+CLASSES = [
+    (BertModel, transformers.BertModel, ("last_hidden_state", "pooler_output")),
+    (BertForPreTraining, transformers.BertForPreTraining, ("prediction_logits", "seq_relationship_logits")),
+    (BertForSequenceClassification, transformers.BertForSequenceClassification, ("logits",)),
+    (BertForTokenClassification, transformers.BertForTokenClassification, ("logits",)),
+    (BertForQuestionAnswering, transformers.BertForQuestionAnswering, ("start_logits", "end_logits")),
+]
+IDS = [ours.__name__ for ours, _, _ in CLASSES]
+
+
+def max_diff(ours: object, theirs: object, fields: tuple[str, ...]) -> float:
+    return max(float((getattr(ours, f) - getattr(theirs, f)).abs().max()) for f in fields)
+
+
+@pytest.fixture(scope="module")
+def real_batch(data_dir: Path) -> dict[str, torch.Tensor]:
+    """Real single sentences and (question, context) pairs, padded to one batch."""
+    tokenizer = BertTokenizer.from_pretrained("minilm")
+    singles = sst2_sentences(data_dir, 10) + conll_sentences(data_dir, 6)
+    questions, contexts = zip(*squad_pairs(data_dir, 6), strict=True)
+    encodings = tokenizer.encode_batch(singles, max_length=128)
+    encodings += tokenizer.encode_batch(list(questions), list(contexts), max_length=192, truncation="only_second")
+    arrays = tokenizer.pad(encodings)
+    assert arrays["attention_mask"].min() == 0, "the batch must contain padding"
+    assert arrays["token_type_ids"].max() == 1, "the batch must contain sentence pairs"
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}
+
+
+def num_labels(ours_cls: type) -> int:
+    return 2 if ours_cls is BertForQuestionAnswering else len(LABELS)  # QA: start and end
+
+
+def tiny_hf_config(labels: int) -> transformers.BertConfig:
+    return transformers.BertConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        num_labels=labels,
+        attn_implementation="eager",
+    )
+
+
+def tiny_batch() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    input_ids = torch.randint(1, 99, (4, 13), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[2, 6:] = 0
+    token_type_ids = torch.zeros_like(input_ids)
+    token_type_ids[:, 7:] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+
+
+@pytest.mark.parametrize(("ours_cls", "hf_cls", "fields"), CLASSES, ids=IDS)
+def test_tiny_random_hf_checkpoint_loads_into_ours(ours_cls, hf_cls, fields, tmp_path) -> None:
+    torch.manual_seed(0)
+    theirs = hf_cls(tiny_hf_config(num_labels(ours_cls))).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = ours_cls.from_pretrained(tmp_path)
+    assert ours.load_report.missing_head_keys == []
+    inputs = tiny_batch()
+    with torch.no_grad():
+        assert max_diff(ours(**inputs), theirs(**inputs), fields) <= TOLERANCE
+
+
+@pytest.mark.parametrize(("ours_cls", "hf_cls", "fields"), CLASSES, ids=IDS)
+def test_tiny_random_ours_loads_into_hf(ours_cls, hf_cls, fields, tmp_path) -> None:
+    torch.manual_seed(1)
+    config = BertConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+    ).with_labels(LABELS[: num_labels(ours_cls)])
+    ours = ours_cls(config).eval()
+    ours.save_pretrained(tmp_path)
+    theirs = hf_cls.from_pretrained(tmp_path).eval()
+    inputs = tiny_batch()
+    with torch.no_grad():
+        assert max_diff(ours(**inputs), theirs(**inputs), fields) <= TOLERANCE
+
+
+@pytest.mark.parametrize(("ours_cls", "hf_cls", "fields"), CLASSES, ids=IDS)
+def test_minilm_real_weights_on_real_sentences(ours_cls, hf_cls, fields, real_batch, tmp_path) -> None:
+    # The heads are random (MiniLM ships none): Hugging Face initialises them, we import its checkpoint.
+    torch.manual_seed(2)
+    theirs = hf_cls.from_pretrained(minilm_path(), num_labels=num_labels(ours_cls), attn_implementation="eager")
+    theirs.eval().save_pretrained(tmp_path)
+    for attn in ("sdpa", "eager"):
+        theirs.set_attn_implementation(attn)
+        ours = ours_cls.from_pretrained(tmp_path, attn_implementation=attn)
+        with torch.no_grad():
+            difference = max_diff(ours(**real_batch), theirs(**real_batch), fields)
+        assert difference <= TOLERANCE, f"{ours_cls.__name__} ({attn}) differs by {difference}"
+
+
+def test_minilm_builtin_name_matches_hf(real_batch) -> None:
+    ours = BertModel.from_pretrained("minilm")
+    theirs = transformers.BertModel.from_pretrained(minilm_path()).eval()
+    with torch.no_grad():
+        ours_out, theirs_out = ours(**real_batch), theirs(**real_batch)
+    assert max_diff(ours_out, theirs_out, ("last_hidden_state", "pooler_output")) <= TOLERANCE
