@@ -139,10 +139,10 @@ def test_answers_always_slice_any_context(tokenizer, context: str, seed: int) ->
         assert answer["answer"]
 
 
-def test_offsets_slice_the_squad_contexts_to_the_predicted_answers(tokenizer, shared_data) -> None:
+def test_offsets_slice_the_squad_contexts_to_the_predicted_answers(tokenizer, data_dir) -> None:
     """Property over real SQuAD questions: every decoded answer slices its context; labels round-trip."""
-    examples = read_squad(shared_data / "squad_v1.1" / "dev-v1.1.half-a.json")[::12]
-    examples += read_squad(shared_data / "squad_v2.0" / "dev-v2.0.subset-3articles.json")[::8]
+    examples = read_squad(data_dir / "squad_v1.1" / "dev-v1.1.half-a.json")[::12]
+    examples += read_squad(data_dir / "squad_v2.0" / "dev-v2.0.subset-3articles.json")[::8]
     questions = [e.question for e in examples]
     contexts = [e.context for e in examples]
     features = build_qa_features(tokenizer, questions, contexts, max_seq_length=128, doc_stride=32, max_query_length=48)

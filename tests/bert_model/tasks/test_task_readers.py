@@ -147,11 +147,11 @@ def test_malformed_conll_lines_name_file_and_line(tmp_path, content, message) ->
         read_conll(path)
 
 
-def test_real_files_parse(shared_data) -> None:
-    assert len(read_text_dataset(shared_data / "sst2" / "dev.half-a.tsv")) == 436
-    assert len(read_text_dataset(shared_data / "rte" / "superglue_jsonl" / "val.jsonl")) == 277
-    iob1 = read_conll(shared_data / "conll2003" / "eng.testa")
-    iob2 = read_conll(shared_data / "conll2003" / "iob2" / "valid.txt", scheme="iob2")
+def test_real_files_parse(data_dir) -> None:
+    assert len(read_text_dataset(data_dir / "sst2" / "dev.half-a.tsv")) == 436
+    assert len(read_text_dataset(data_dir / "rte" / "superglue_jsonl" / "val.jsonl")) == 277
+    iob1 = read_conll(data_dir / "conll2003" / "eng.testa")
+    iob2 = read_conll(data_dir / "conll2003" / "iob2" / "valid.txt", scheme="iob2")
     assert len(iob1) == 3250 and [s.tags for s in iob1] == [s.tags for s in iob2]
-    v2 = read_squad(shared_data / "squad_v2.0" / "dev-v2.0.subset-3articles.json")
+    v2 = read_squad(data_dir / "squad_v2.0" / "dev-v2.0.subset-3articles.json")
     assert len(v2) == 1124 and sum(e.is_impossible for e in v2) == 541
