@@ -126,8 +126,8 @@ class InferenceService:
                 model.is_default = True
             self.models[bundle.name] = model
             log.info("model ready", extra={"model": bundle.name, "task": bundle.task, "variant": model.backend.variant})
-        if self.settings.warmup:
-            for model in self.models.values():
+        for model in self.models.values():
+            for _ in range(self.settings.warmup_rounds):
                 await self._warm_up(model)
         self.state.ready = True
         self.metrics.ready.set(1)

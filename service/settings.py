@@ -75,7 +75,9 @@ class ServiceSettings(BaseSettings):
     otlp_endpoint: str | None = Field(default=None, description="OTLP/gRPC endpoint for traces; unset = no tracing.")
     log_level: str = Field(default="info", description="debug, info, warning, error.")
     log_json: bool = Field(default=True, description="Structured JSON log lines (false = plain text).")
-    warmup: bool = Field(default=True, description="Run each model once at load, before reporting ready.")
+    warmup_rounds: int = Field(
+        default=2, ge=0, description="Warm-up passes per model at load, before reporting ready (0 = none)."
+    )
     shutdown_grace_s: float = Field(default=10.0, ge=0, description="How long SIGTERM waits for in-flight requests.")
 
     @field_validator("models", "cors_origins", mode="before")

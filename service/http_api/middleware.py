@@ -22,7 +22,7 @@ def error_body(code: str, message: str) -> bytes:
 
 
 class BodyLimitMiddleware:
-    """Reject bodies over `max_bytes` with 413: by Content-Length at once, or while streaming."""
+    """Reject bodies over `max_bytes` with 413: by Content-Length at once, or while a chunked body streams in."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -36,29 +36,33 @@ class BodyLimitMiddleware:
         if declared is not None and declared > self.max_bytes:
             await self._reject(send, declared)
             return
-        received = 0
-        started = False
-
-        async def limited_receive() -> Message:
-            nonlocal received
+        if declared is not None:
+            await self.app(scope, receive, send)  # the server enforces Content-Length itself
+            return
+        # streamed (chunked) body: buffer it up to the limit, then replay it to the app
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _TooLarge(received)
-            return message
+            if message["type"] != "http.request":
+                return  # client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._reject(send, size)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge as error:
-            if not started:
-                await self._reject(send, error.size)
+        await self.app(scope, replay, send)
 
     async def _reject(self, send: Send, size: int) -> None:
         body = error_body(
@@ -73,12 +77,6 @@ class BodyLimitMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.size = size
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -1,0 +1,30 @@
+"""Service test fixtures: tiny bundles (built once per session) and one real server per test module."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.service.server import ServerProcess
+from tests.service.tiny_bundles import build_all
+
+
+@pytest.fixture(scope="session")
+def tiny_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """task -> bundle folder of a tiny random model (classify, qa, ner)."""
+    pytest.importorskip("torch", reason="building test bundles needs torch (the service itself does not)")
+    return build_all(tmp_path_factory.mktemp("bundles"))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A real `bertserve serve` (REST + gRPC) over the three tiny bundles, on free ports."""
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    process = ServerProcess(list(tiny_bundles.values()), log)
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.terminate()

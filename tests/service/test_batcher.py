@@ -1,0 +1,232 @@
+"""The batcher with a fake backend: batching proof, bounds, deadlines, failure isolation, output checks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from service.batcher import BatchConfig, Batcher
+from service.errors import BackendError, DeadlineExceeded, InvalidInput, Overloaded
+
+
+@dataclass
+class Feat:
+    input_ids: list[int]
+    token_type_ids: list[int]
+
+
+def feat(length: int, seed: int = 0) -> Feat:
+    rng = np.random.default_rng(seed)
+    return Feat(list(rng.integers(5, 1000, size=length)), [0] * length)
+
+
+class FakeBackend:
+    """logits = a deterministic function of each row's real tokens (so batching must not change results)."""
+
+    def __init__(self, delay: float = 0.0, fail_when: int | None = None) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.seen_ids: list[int] = []
+        self.delay = delay
+        self.fail_when = fail_when
+
+    async def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids, mask = arrays["input_ids"], arrays["attention_mask"]
+        self.calls.append(ids.shape)
+        self.seen_ids += [int(row[0]) for row in ids]
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail_when is not None and self.fail_when in ids:
+            raise RuntimeError("boom")
+        real = (ids * mask).astype(np.float64)
+        logits = np.stack([real.sum(1), mask.sum(1)], axis=1)
+        tokens = real[:, :, None] * np.ones((1, 1, 2))
+        return {"logits": logits, "tokens": tokens}
+
+
+def make(backend, **config) -> Batcher:  # type: ignore[no-untyped-def]
+    return Batcher("m", backend, BatchConfig(**config), output_names=("logits", "tokens"), sequence_outputs=("tokens",))
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_64_concurrent_requests_share_few_backend_calls_with_identical_results() -> None:
+    features = [[feat(5 + i % 20, seed=i)] for i in range(64)]
+
+    async def go(batching: bool) -> tuple[list, int]:
+        backend = FakeBackend(delay=0.005)
+        config = {"max_batch_size": 32, "max_wait_s": 0.005} if batching else {"max_batch_size": 1, "max_wait_s": 0}
+        batcher = make(backend, **config)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        results = await asyncio.gather(*(batcher.submit(f, deadline) for f in features))
+        await batcher.close()
+        return [r.outputs for r in results], len(backend.calls)
+
+    batched, batched_calls = run(go(True))
+    alone, alone_calls = run(go(False))
+    assert alone_calls == 64
+    assert batched_calls <= 4, batched_calls
+    for a, b, f in zip(batched, alone, features, strict=True):
+        np.testing.assert_array_equal(a[0]["logits"], b[0]["logits"])
+        np.testing.assert_array_equal(a[0]["tokens"], b[0]["tokens"])  # sequence outputs trimmed to each row
+        assert a[0]["tokens"].shape[0] == len(f[0].input_ids)
+
+
+def test_token_budget_and_length_bucketing() -> None:
+    async def go() -> FakeBackend:
+        backend = FakeBackend(delay=0.01)
+        batcher = make(backend, max_batch_size=64, max_batch_tokens=200, max_wait_s=0.02)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        lengths = [10] * 10 + [100] * 2 + [10] * 10
+        await asyncio.gather(*(batcher.submit([feat(n, i)], deadline) for i, n in enumerate(lengths)))
+        await batcher.close()
+        return backend
+
+    backend = run(go())
+    for rows, width in backend.calls:
+        assert rows * width <= 200 or rows == 1
+    # the two long rows never pad the 20 short ones
+    assert all(width == 10 for rows, width in backend.calls if rows > 2)
+
+
+def test_full_queue_rejects_at_once() -> None:
+    async def go() -> tuple[int, int, float]:
+        backend = FakeBackend(delay=0.05)
+        batcher = make(backend, max_batch_size=4, max_queue=8, max_wait_s=0)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        tasks = [asyncio.create_task(batcher.submit([feat(4, i)], deadline)) for i in range(40)]
+        start = time.perf_counter()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        rejected = [r for r in results if isinstance(r, Overloaded)]
+        fast = time.perf_counter() - start
+        await batcher.close()
+        return len(rejected), sum(not isinstance(r, Exception) for r in results), fast
+
+    rejected, ok, _ = run(go())
+    assert rejected >= 20 and ok >= 8 and rejected + ok == 40
+
+
+def test_request_bigger_than_the_queue_is_invalid() -> None:
+    async def go() -> None:
+        batcher = make(FakeBackend(), max_queue=4)
+        await batcher.start()
+        with pytest.raises(InvalidInput, match="more than this model's queue"):
+            await batcher.submit([feat(3)] * 5, time.perf_counter() + 1)
+        await batcher.close()
+
+    run(go())
+
+
+def test_expired_requests_are_dropped_before_compute() -> None:
+    async def go() -> FakeBackend:
+        backend = FakeBackend(delay=0.2)
+        batcher = make(backend, max_batch_size=1, max_wait_s=0)
+        await batcher.start()
+        now = time.perf_counter()
+        first = asyncio.create_task(batcher.submit([Feat([7] * 3, [0] * 3)], now + 5))
+        await asyncio.sleep(0.01)  # the first batch is now running for 200 ms
+        with pytest.raises(DeadlineExceeded, match="deadline"):
+            await batcher.submit([Feat([9] * 3, [0] * 3)], time.perf_counter() + 0.05)
+        await first
+        await asyncio.sleep(0.3)
+        await batcher.close()
+        return backend
+
+    backend = run(go())
+    assert backend.seen_ids == [7]  # the expired request never reached the backend
+
+
+def test_cancelled_caller_is_dropped_before_compute() -> None:
+    async def go() -> FakeBackend:
+        backend = FakeBackend(delay=0.1)
+        batcher = make(backend, max_batch_size=1, max_wait_s=0)
+        await batcher.start()
+        first = asyncio.create_task(batcher.submit([Feat([7] * 3, [0] * 3)], time.perf_counter() + 5))
+        await asyncio.sleep(0.01)
+        gone = asyncio.create_task(batcher.submit([Feat([9] * 3, [0] * 3)], time.perf_counter() + 5))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await first
+        await asyncio.sleep(0.15)
+        await batcher.close()
+        return backend
+
+    assert run(go()).seen_ids == [7]
+
+
+def test_backend_failure_fails_only_its_batch() -> None:
+    async def go() -> list:
+        backend = FakeBackend(delay=0.01, fail_when=666)
+        batcher = make(backend, max_batch_size=2, max_wait_s=0.01)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        poisoned = Feat([666, 5], [0, 0])
+        jobs = [[feat(3, 1)], [poisoned], [feat(3, 2)], [feat(3, 3)], [feat(3, 4)]]
+        results = await asyncio.gather(*(batcher.submit(j, deadline) for j in jobs), return_exceptions=True)
+        after = await batcher.submit([feat(3, 5)], time.perf_counter() + 10)  # still serving
+        await batcher.close()
+        return [*results, after]
+
+    results = run(go())
+    failed = [r for r in results if isinstance(r, Exception)]
+    assert all(isinstance(r, BackendError) and "boom" in str(r) for r in failed)
+    assert 1 <= len(failed) <= 2  # the poisoned request and at most its batch-mate
+    assert isinstance(results[1], BackendError)
+    assert not isinstance(results[-1], Exception)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda o: {"logits": o["logits"][:-1], "tokens": o["tokens"]},  # one row missing
+        lambda o: {"tokens": o["tokens"]},  # an output missing
+        lambda o: {"logits": o["logits"], "tokens": o["tokens"][:, :1]},  # sequence too short
+    ],
+)
+def test_outputs_must_match_inputs_one_to_one(bad) -> None:  # type: ignore[no-untyped-def]
+    async def go() -> None:
+        fake = FakeBackend()
+
+        async def broken(arrays):  # type: ignore[no-untyped-def]
+            return bad(await fake(arrays))
+
+        batcher = make(broken, max_batch_size=4, max_wait_s=0.005)
+        await batcher.start()
+        deadline = time.perf_counter() + 5
+        results = await asyncio.gather(
+            *(batcher.submit([feat(4, i), feat(6, i)], deadline) for i in range(3)), return_exceptions=True
+        )
+        assert all(isinstance(r, BackendError) for r in results)
+        await batcher.close()
+
+    run(go())
+
+
+def test_passthrough_sends_each_request_as_one_call() -> None:
+    async def go() -> FakeBackend:
+        backend = FakeBackend(delay=0.01)
+        batcher = make(backend, passthrough=True, max_queue=100)
+        await batcher.start()
+        deadline = time.perf_counter() + 5
+        results = await asyncio.gather(*(batcher.submit([feat(3, i), feat(5, i)], deadline) for i in range(10)))
+        assert all(len(r.outputs) == 2 for r in results)
+        await batcher.close()
+        return backend
+
+    backend = run(go())
+    assert sorted(backend.calls) == [(2, 5)] * 10
+
+
+def test_batch_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="max_batch_size"):
+        BatchConfig(max_batch_size=0)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        BatchConfig(max_wait_s=-1)

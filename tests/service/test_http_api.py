@@ -1,0 +1,238 @@
+"""REST front door against a real server (subprocess, free port, httpx): shapes, offsets, errors, headers."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.service.server import ServerProcess
+from tests.service.tiny_bundles import CLASSIFY_LABELS, MAX_SEQ_LENGTH
+
+pytestmark = pytest.mark.integration
+
+LONG_CONTEXT = " ".join(
+    f"Sentence number {i} talks about the city of Paris and the river Seine in France." for i in range(40)
+)
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> httpx.Client:
+    with httpx.Client(base_url=server.url, timeout=30.0) as http:
+        yield http
+
+
+def _error(response: httpx.Response, status: int, code: str | None = None) -> str:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code
+    return str(body["error"]["message"])
+
+
+# ---- classify -----------------------------------------------------------------------------------------
+def test_classify_single_text_is_a_list_of_label_scores(client: httpx.Client) -> None:
+    response = client.post("/classify", json={"inputs": "a gripping, beautifully acted film", "top_k": 2})
+    assert response.status_code == 200
+    result = response.json()
+    assert [item["label"] for item in result] == sorted(
+        CLASSIFY_LABELS, key=lambda label: -next(r["score"] for r in result if r["label"] == label)
+    )
+    assert result[0]["score"] >= result[1]["score"]
+    assert sum(item["score"] for item in result) == pytest.approx(1.0, abs=1e-5)
+    for header in ("x-queue-time-ms", "x-inference-time-ms", "x-total-time-ms", "x-tokenize-time-ms"):
+        assert float(response.headers[header]) >= 0
+    assert response.headers["x-model"] == "tiny-classify"
+
+
+def test_classify_list_and_pairs(client: httpx.Client) -> None:
+    texts = client.post("/classify", json={"inputs": ["loved it", "a tedious mess", "fine"]}).json()
+    assert len(texts) == 3 and all(len(item) == 1 for item in texts)
+    pair = {"text": "A man plays a guitar.", "text_pair": "Someone makes music."}
+    pairs = client.post("/classify", json={"inputs": [pair, pair], "top_k": None}).json()
+    assert len(pairs) == 2 and all(len(item) == len(CLASSIFY_LABELS) for item in pairs)
+    assert pairs[0] == pairs[1]
+    single_pair = client.post("/classify", json={"inputs": pair, "top_k": None}).json()
+    assert single_pair == pairs[0]
+
+
+def test_classify_batch_equals_one_by_one(client: httpx.Client) -> None:
+    texts = ["short", "a much longer sentence that has quite a few more tokens in it", "medium length text"]
+    together = client.post("/classify", json={"inputs": texts, "top_k": None}).json()
+    alone = [client.post("/classify", json={"inputs": text, "top_k": None}).json() for text in texts]
+    for a, b in zip(together, alone, strict=True):
+        assert [x["label"] for x in a] == [x["label"] for x in b]
+        for x, y in zip(a, b, strict=True):
+            assert x["score"] == pytest.approx(y["score"], abs=1e-5)
+
+
+def test_classify_over_long_input_truncates_or_rejects(client: httpx.Client) -> None:
+    long_text = "word " * (MAX_SEQ_LENGTH * 3)
+    assert client.post("/classify", json={"inputs": long_text}).status_code == 200
+    message = _error(client.post("/classify", json={"inputs": long_text, "truncate": False}), 422, "input_too_long")
+    assert str(MAX_SEQ_LENGTH) in message and "truncat" in message
+
+
+# ---- qa -----------------------------------------------------------------------------------------------
+def test_qa_single_answer_offsets_slice_the_context(client: httpx.Client) -> None:
+    context = "My name is Wolfgang and I live in Berlin."
+    response = client.post("/qa", json={"question": "Where do I live?", "context": context})
+    assert response.status_code == 200
+    answer = response.json()
+    assert set(answer) == {"answer", "score", "start", "end"}
+    assert context[answer["start"] : answer["end"]] == answer["answer"] and answer["answer"]
+    assert 0 < answer["score"] <= 1
+
+
+def test_qa_list_top_k_and_long_context_windows(client: httpx.Client) -> None:
+    inputs = [
+        {"question": "Which river?", "context": LONG_CONTEXT},
+        {"question": "Who wrote it?", "context": "The report was written by Ada in 1843."},
+    ]
+    response = client.post("/qa", json={"inputs": inputs, "top_k": 3, "max_answer_len": 8})
+    assert response.status_code == 200
+    results = response.json()
+    assert len(results) == 2
+    for item, answers in zip(inputs, results, strict=True):
+        assert 1 <= len(answers) <= 3
+        scores = [a["score"] for a in answers]
+        assert scores == sorted(scores, reverse=True)
+        for answer in answers:
+            assert item["context"][answer["start"] : answer["end"]] == answer["answer"]
+    # the long context needed several windows, so several backend rows were used
+    assert int(response.headers["x-backend-calls"]) >= 1
+    assert any(a["start"] > 1000 for a in results[0]) or len(LONG_CONTEXT) > 1000
+    message = _error(
+        client.post("/qa", json={"question": "Which river?", "context": LONG_CONTEXT, "truncate": False}),
+        422,
+        "input_too_long",
+    )
+    assert "window" in message
+
+
+def test_qa_answers_can_come_from_late_windows(client: httpx.Client) -> None:
+    # spans are decoded in every window: with many candidates some lie far into the long context
+    answers = client.post(
+        "/qa", json={"question": "Which river?", "context": LONG_CONTEXT, "top_k": 20, "max_answer_len": 4}
+    ).json()
+    assert max(a["end"] for a in answers) > len(LONG_CONTEXT) // 2
+
+
+def test_qa_impossible_answer_and_stride(client: httpx.Client) -> None:
+    body = {"question": "What?", "context": LONG_CONTEXT, "handle_impossible_answer": True, "doc_stride": 4}
+    answer = client.post("/qa", json=body).json()
+    assert answer["answer"] == LONG_CONTEXT[answer["start"] : answer["end"]]
+    _error(client.post("/qa", json={**body, "doc_stride": 500}), 422)
+
+
+# ---- ner ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+def test_ner_entities_slice_the_text(client: httpx.Client, strategy: str) -> None:
+    text = "Ada Lovelace worked with Charles Babbage in London. " * 6  # longer than one window
+    response = client.post("/ner", json={"inputs": text, "aggregation_strategy": strategy})
+    assert response.status_code == 200
+    entities = response.json()
+    assert isinstance(entities, list)
+    for entity in entities:
+        assert set(entity) == {"entity_group", "score", "word", "start", "end"}
+        assert text[entity["start"] : entity["end"]] == entity["word"]
+        assert 0 <= entity["score"] <= 1
+    starts = [e["start"] for e in entities]
+    assert starts == sorted(starts)
+
+
+def test_ner_list_shape(client: httpx.Client) -> None:
+    result = client.post("/ner", json={"inputs": ["EU rejects German call.", "Peter Blackburn"]}).json()
+    assert isinstance(result, list) and len(result) == 2 and all(isinstance(r, list) for r in result)
+
+
+# ---- models, health, metrics, docs --------------------------------------------------------------------
+def test_models_health_metrics(client: httpx.Client) -> None:
+    models = client.get("/v1/models").json()["models"]
+    assert {m["name"]: m["task"] for m in models} == {"tiny-classify": "classify", "tiny-qa": "qa", "tiny-ner": "ner"}
+    for model in models:
+        assert model["variant"] == "cpu-fp32" and model["max_seq_length"] == MAX_SEQ_LENGTH and model["is_default"]
+    assert client.get("/health/live").json() == {"status": "live", "detail": None}
+    assert client.get("/health/ready").status_code == 200
+    client.post("/classify", json={"inputs": ""})  # one 422 to count
+    metrics = client.get("/metrics").text
+    for name in (
+        'bertserve_requests_total{route="/classify",status="200",transport="http"}',
+        'bertserve_requests_total{route="/classify",status="422",transport="http"}',
+        "bertserve_request_seconds_bucket",
+        "bertserve_queue_seconds_bucket",
+        "bertserve_inference_seconds_bucket",
+        "bertserve_batch_size_bucket",
+        "bertserve_batch_tokens_bucket",
+        "bertserve_queue_depth",
+        "bertserve_ready 1.0",
+    ):
+        assert name in metrics, name
+
+
+def test_openapi_documents_routes_with_examples(client: httpx.Client) -> None:
+    spec = client.get("/openapi.json").json()
+    for path in ("/classify", "/qa", "/ner", "/v1/models", "/health/live", "/health/ready", "/metrics"):
+        assert path in spec["paths"]
+    for name in ("ClassifyRequest", "QARequest", "NERRequest"):
+        assert spec["components"]["schemas"][name]["examples"]
+    assert "429" in spec["paths"]["/classify"]["post"]["responses"]
+
+
+# ---- bad input: always 4xx with a useful message, and the server keeps serving -------------------------
+@pytest.mark.parametrize(
+    ("path", "body", "status", "needle"),
+    [
+        ("/classify", {"inputs": ""}, 422, "empty"),
+        ("/classify", {"inputs": ["ok", "   "]}, 422, "texts[1]"),
+        ("/classify", {"inputs": 42}, 422, "inputs"),
+        ("/classify", {"inputs": "x", "top_k": "two"}, 422, "top_k"),
+        ("/classify", {"inputs": "x", "top_k": 0}, 422, "top_k"),
+        ("/classify", {"inputs": "x", "colour": "red"}, 422, "colour"),
+        ("/classify", {"inputs": ["x"] * 65}, 422, "limit of 64"),
+        ("/classify", {"inputs": ["a", {"text": "b", "text_pair": "c"}]}, 422, "mix"),
+        ("/classify", {"inputs": "x", "model": "nope"}, 422, "unknown model 'nope'"),
+        ("/classify", {"inputs": "x", "model": "tiny-qa"}, 422, "is a qa model"),
+        ("/classify", {}, 422, "inputs"),
+        ("/classify", [], 422, "body"),
+        ("/qa", {"question": "q"}, 422, "together"),
+        ("/qa", {"question": "", "context": "c"}, 422, "empty"),
+        ("/qa", {"inputs": []}, 422, "at least one"),
+        ("/qa", {"question": "q", "context": "c", "top_k": 1000}, 422, "top_k"),
+        ("/ner", {"inputs": "x", "aggregation_strategy": "mean"}, 422, "aggregation_strategy"),
+        ("/ner", {"inputs": ["x", None]}, 422, "inputs"),
+        ("/ner", {"inputs": "x" * 100_001}, 422, "100000"),
+    ],
+)
+def test_bad_input_is_a_4xx_that_says_what_to_change(
+    client: httpx.Client, path: str, body: object, status: int, needle: str
+) -> None:
+    message = _error(client.post(path, json=body), status)
+    assert needle in message, message
+
+
+def test_malformed_json_and_wrong_content(client: httpx.Client) -> None:
+    message = _error(
+        client.post("/classify", content=b'{"inputs": "x",', headers={"content-type": "application/json"}), 400
+    )
+    assert "JSON" in message
+    _error(client.post("/classify", content=b"\xff\xfe\x00", headers={"content-type": "application/json"}), 400)
+    assert client.post("/classify", content=b"inputs=x").status_code in (400, 422)
+    _error(client.get("/nowhere"), 404)
+    _error(client.get("/classify"), 405)
+
+
+def test_oversized_body_is_413(client: httpx.Client) -> None:
+    big = json.dumps({"inputs": ["word " * 1000] * 500})  # ~2.5 MB > the 2 MB default
+    message = _error(client.post("/classify", content=big, headers={"content-type": "application/json"}), 413)
+    assert "bytes" in message
+
+    def chunks():  # no Content-Length: counted while streaming
+        for _ in range(300):
+            yield b" " * 10_000
+
+    response = client.post("/classify", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert client.post("/classify", json={"inputs": "still serving"}).status_code == 200

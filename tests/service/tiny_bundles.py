@@ -1,0 +1,95 @@
+"""Tiny serving bundles for the service tests (tests may use torch; the service may not).
+
+A random 2-layer, hidden-32 BERT per task over the real uncased WordPiece vocabulary of the embedded MiniLM
+(so tokenization and character offsets are realistic), exported with `torch.onnx.export` (legacy exporter,
+opset 17, dynamic batch and sequence axes from `bert_model.tasks.spec`), a saved `BertTokenizer`, and a
+`BundleManifest`. `max_seq_length` is small (64) so that long-context windowing is exercised by short texts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bert_model.tasks.spec import INPUT_NAMES, BundleManifest, VariantSpec, dynamic_axes
+
+CLASSIFY_LABELS = ["negative", "positive"]
+NER_LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+MAX_SEQ_LENGTH = 64
+TASK_NAMES = {"classify": "tiny-classify", "qa": "tiny-qa", "ner": "tiny-ner"}
+
+
+def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: int = 0) -> Path:
+    """Write a bundle folder for `task` (classify, qa, ner) and return it."""
+    import torch
+
+    from bert_model.config import BertConfig
+    from bert_model.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+    from bert_model.tokenization import BertTokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = BertTokenizer.from_pretrained("minilm")
+    labels = {"classify": CLASSIFY_LABELS, "ner": NER_LABELS}.get(task, [])
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        attn_implementation="eager",
+    )
+    if labels:
+        config = config.with_labels(labels)
+    model_class = {
+        "classify": BertForSequenceClassification,
+        "qa": BertForQuestionAnswering,
+        "ner": BertForTokenClassification,
+    }[task]
+    model = model_class(config).eval()
+    output_names = BundleManifest(
+        name="x",
+        task=task,
+        max_seq_length=MAX_SEQ_LENGTH,
+        labels=labels or ["x"],
+        variants={"v": VariantSpec("v.onnx", "CPUExecutionProvider", "fp32")},
+    ).output_names
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
+            out = self.inner(input_ids, attention_mask, token_type_ids)
+            return tuple(getattr(out, n) for n in output_names)
+
+    bundle = out_dir / (name or TASK_NAMES[task])
+    bundle.mkdir(parents=True, exist_ok=True)
+    example = tokenizer(["hello world", "a slightly longer example sentence"])
+    args = tuple(torch.from_numpy(example[n]) for n in INPUT_NAMES)
+    with torch.no_grad():
+        torch.onnx.export(
+            Wrapper().eval(),
+            args,
+            str(bundle / "cpu-fp32.onnx"),
+            input_names=list(INPUT_NAMES),
+            output_names=list(output_names),
+            dynamic_axes=dynamic_axes(task),
+            opset_version=17,
+            dynamo=False,
+        )
+    tokenizer.save(bundle / "tokenizer")
+    BundleManifest(
+        name=bundle.name,
+        task=task,
+        max_seq_length=MAX_SEQ_LENGTH,
+        labels=labels,
+        variants={"cpu-fp32": VariantSpec("cpu-fp32.onnx", "CPUExecutionProvider", "fp32")},
+        default_variants={"cpu": "cpu-fp32"},
+        source={"built_by": "tests/service/tiny_bundles.py", "seed": seed},
+    ).write(bundle)
+    return bundle
+
+
+def build_all(out_dir: Path) -> dict[str, Path]:
+    return {task: build_tiny_bundle(out_dir, task) for task in TASK_NAMES}
