@@ -19,7 +19,6 @@ from grpc_reflection.v1alpha import reflection
 
 from service.grpc_api.servicers import ClassifierServicer, ModelsServicer, NERServicer, QAServicer
 from service.grpc_api.stubs import bert_pb2 as pb
-from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
 from service.inference import InferenceService
 from service.settings import ServiceSettings
 
@@ -75,10 +74,14 @@ class GrpcFrontDoor:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)
-        pb_grpc.add_ClassifierServicer_to_server(ClassifierServicer(service), server)
-        pb_grpc.add_QAServicer_to_server(QAServicer(service), server)
-        pb_grpc.add_NERServicer_to_server(NERServicer(service), server)
-        pb_grpc.add_ModelsServicer_to_server(ModelsServicer(service), server)
+        server.add_generic_rpc_handlers(
+            (
+                _handlers("Classifier", {"Classify": ClassifierServicer(service).Classify}),
+                _handlers("QA", {"Extract": QAServicer(service).Extract}),
+                _handlers("NER", {"Recognize": NERServicer(service).Recognize}),
+                _handlers("Models", {"List": ModelsServicer(service).List}),
+            )
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -105,6 +108,51 @@ class GrpcFrontDoor:
         """NOT_SERVING, refuse new RPCs, let in-flight ones finish for up to `grace_s`."""
         await self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.server.stop(grace_s)
+
+
+def _handlers(service_name: str, methods: dict[str, Callable[..., Awaitable[Any]]]) -> grpc.GenericRpcHandler:
+    """Unary handlers like the generated `add_*_to_server`, but a request that is not a valid message
+    becomes INVALID_ARGUMENT (grpc's default for a failed deserializer is INTERNAL)."""
+    descriptor = pb.DESCRIPTOR.services_by_name[service_name]
+    handlers = {}
+    for name, behaviour in methods.items():
+        method = descriptor.methods_by_name[name]
+        request_class = getattr(pb, method.input_type.name)
+        response_class = getattr(pb, method.output_type.name)
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            _guard(behaviour, method.input_type.full_name),
+            request_deserializer=_lenient(request_class),
+            response_serializer=response_class.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+
+
+class _Malformed:
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(message_class: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except Exception as error:  # DecodeError, invalid UTF-8 in a string field, ...
+            return _Malformed(str(error) or type(error).__name__)
+
+    return parse
+
+
+def _guard(
+    behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], type_name: str
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Malformed):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {type_name} message: {request.reason}"
+            )
+        return await behaviour(request, context)
+
+    return handle
 
 
 def _grpc_host(host: str) -> str:
