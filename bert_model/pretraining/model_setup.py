@@ -1,0 +1,94 @@
+"""The model a pretraining run starts from: a fresh `BertForPreTraining` sized by a preset or config.json, or a
+checkpoint to continue (domain-adaptive pretraining, Gururangan et al. 2020), checked against the data first.
+
+A fresh model takes its vocabulary size and [PAD] id from the data's tokenizer. `--init` keeps the checkpoint's
+encoder; heads absent from it (MiniLM ships none) start fresh, and the MLM decoder stays tied to the word
+embeddings. In both cases the data's `max_seq_length` must fit the model's position embeddings, and the data's
+vocabulary must be the model's.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from bert_model.config import PRESETS, BertConfig
+from bert_model.heads import BertForPreTraining
+from bert_model.pretraining.shards import DataMeta
+from bert_model.tokenization import BertTokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_config(config: str, tokenizer: BertTokenizer) -> BertConfig:
+    """A preset name or a config.json path; presets take the tokenizer's vocabulary size and [PAD] id."""
+    if config in PRESETS:
+        return BertConfig.preset(config, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+    path = Path(config)
+    if not path.exists():
+        raise FileNotFoundError(f"--config {config!r} is neither a preset ({', '.join(PRESETS)}) nor a config file")
+    loaded = BertConfig.load(path)
+    if loaded.vocab_size != tokenizer.vocab_size:
+        raise ValueError(
+            f"{path} has vocab_size {loaded.vocab_size} but the data's tokenizer has {tokenizer.vocab_size} tokens"
+        )
+    return loaded
+
+
+def build_model(
+    meta: DataMeta,
+    tokenizer: BertTokenizer,
+    config: str | None = None,
+    init: str | None = None,
+    dropout: float | None = None,
+) -> BertForPreTraining:
+    """A `BertForPreTraining` in train mode, fresh (`config`) or continued (`init`), checked against the data."""
+    if init is not None:
+        model = _continued(init, tokenizer)
+    elif config is not None:
+        model = BertForPreTraining(_with_dropout(resolve_config(config, tokenizer), dropout))
+    else:
+        raise ValueError("give a config (preset or config.json) or an init checkpoint")
+    if init is not None and dropout is not None:
+        model = _redropout(model, dropout)
+    check_compatible(model.config, meta)
+    model.train()
+    return model
+
+
+def check_compatible(config: BertConfig, meta: DataMeta) -> None:
+    """The data must fit the model: sequence length within its positions, the same vocabulary size."""
+    if meta.max_seq_length > config.max_position_embeddings:
+        raise ValueError(
+            f"the data's max_seq_length {meta.max_seq_length} is above the model's max_position_embeddings "
+            f"{config.max_position_embeddings}: recreate the data with --max-seq-length "
+            f"{config.max_position_embeddings} or less"
+        )
+    if meta.vocab_size != config.vocab_size:
+        raise ValueError(f"the data has {meta.vocab_size} token ids but the model's vocabulary has {config.vocab_size}")
+
+
+def _continued(init: str, tokenizer: BertTokenizer) -> BertForPreTraining:
+    model = BertForPreTraining.from_pretrained(init)
+    model_tokenizer = BertTokenizer.from_pretrained(init)
+    if model_tokenizer.backend.get_vocab() != tokenizer.backend.get_vocab():
+        raise ValueError(
+            f"the data was tokenized with another vocabulary than {init!r}: rerun pretrain-data with --tokenizer {init}"
+        )
+    report = model.load_report
+    if report is not None and report.missing_head_keys:
+        logger.info("fresh pretraining heads (not in %s): %s", init, report.missing_head_keys)
+    return model
+
+
+def _with_dropout(config: BertConfig, dropout: float | None) -> BertConfig:
+    if dropout is None:
+        return config
+    return config.replace(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+
+
+def _redropout(model: BertForPreTraining, dropout: float) -> BertForPreTraining:
+    fresh = BertForPreTraining(_with_dropout(model.config, dropout))
+    fresh.load_state_dict(model.state_dict())
+    fresh.load_report = model.load_report
+    return fresh

@@ -1,0 +1,124 @@
+"""Optimizers and the learning-rate schedule of BERT pretraining.
+
+- AdamW (Loshchilov & Hutter 2019): `torch.optim.AdamW`, as BERT's "Adam with decoupled weight decay".
+- LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes",
+  algorithm 2): Adam's bias-corrected update plus decoupled weight decay, rescaled per parameter tensor by the
+  trust ratio ||w|| / ||update||, which keeps very large batches (32k) stable. Written here: torch has none.
+- Schedule (Devlin et al. 2019, appendix A.2): linear warm-up to the peak rate, then linear decay to zero.
+- Weight decay skips biases and LayerNorm weights, as in the reference implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+OptimizerName = Literal["adamw", "lamb"]
+OPTIMIZERS: tuple[str, ...] = ("adamw", "lamb")
+
+
+class Lamb(Optimizer):
+    """LAMB: layer-wise adaptive moments, for large-batch training (You et al. 2020, algorithm 2)."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ) -> None:
+        if lr < 0:
+            raise ValueError(f"learning rate must be >= 0, got {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                self._update(param, group, beta1, beta2)
+        return loss
+
+    def _update(self, param: torch.Tensor, group: dict, beta1: float, beta2: float) -> None:
+        grad = param.grad
+        assert grad is not None
+        state = self.state[param]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(param)
+            state["exp_avg_sq"] = torch.zeros_like(param)
+        state["step"] += 1
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        m_hat = exp_avg / (1 - beta1 ** state["step"])
+        v_hat = exp_avg_sq / (1 - beta2 ** state["step"])
+        update = m_hat / (v_hat.sqrt() + group["eps"])
+        if group["weight_decay"] != 0:
+            update.add_(param, alpha=group["weight_decay"])
+        weight_norm = param.norm()
+        update_norm = update.norm()
+        trust = torch.where(
+            (weight_norm > 0) & (update_norm > 0), weight_norm / update_norm, torch.ones_like(weight_norm)
+        )
+        param.add_(update * trust, alpha=-group["lr"])
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: decayed weights, and biases + LayerNorm weights without decay (each parameter once)."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, param in model.named_parameters():  # named_parameters yields a tied parameter once
+        if not param.requires_grad:
+            continue
+        if name.endswith("bias") or "LayerNorm" in name:
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float = 0.01,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-6,
+) -> Optimizer:
+    """AdamW or LAMB over `model` with BERT's weight-decay exclusions."""
+    groups = parameter_groups(model, weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    if name == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=eps)
+    raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
+
+
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Factor of the peak rate for optimizer step `step` (0-based): linear warm-up, then linear decay to 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    remaining = total_steps - step
+    return max(0.0, remaining / max(1, total_steps - warmup_steps))
+
+
+def linear_schedule(optimizer: Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:
+    """The warm-up + linear-decay schedule as a `LambdaLR` (its state dict resumes exactly)."""
+    if warmup_steps < 0 or total_steps < 1:
+        raise ValueError(f"need warmup_steps >= 0 and total_steps >= 1, got {warmup_steps} and {total_steps}")
+    return LambdaLR(optimizer, lambda step: lr_multiplier(step, warmup_steps, total_steps))

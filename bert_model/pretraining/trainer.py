@@ -1,0 +1,315 @@
+"""The pretraining loop: masked LM + next-sentence prediction (Devlin et al. 2019, section 3.1, appendix A.2).
+
+One optimizer step consumes `batch_size` sequences (the global batch), split over the processes of a torchrun
+job (DDP) and, within a process, over gradient-accumulation micro-batches. The loss of a step is the mean MLM
+cross-entropy over all the masked tokens of the global batch plus the mean NSP cross-entropy over its
+sequences: each micro-batch contributes its sums divided by the global counts, so the gradient is the same
+however the batch is split (one process or many, with or without accumulation). DDP averages gradients over
+processes, hence the factor `world_size`.
+
+Every step's data, masks and dropout are decided by seeds and saved state, which makes a resumed run repeat
+the uninterrupted one (see resume.py). SIGINT / SIGTERM stop the run at the end of the current step with a
+checkpoint; a second Ctrl-C aborts at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from contextlib import AbstractContextManager, nullcontext, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from bert_model.heads import IGNORE_INDEX, PreTrainingOutput
+from bert_model.pretraining.dataset import InstanceStream, MaskedInstance, collate, iter_split
+from bert_model.pretraining.distributed import DistContext, all_reduce_sum, init_distributed, shutdown
+from bert_model.pretraining.metrics import MetricsLog, Sums
+from bert_model.pretraining.model_setup import build_model
+from bert_model.pretraining.optim import build_optimizer, linear_schedule
+from bert_model.pretraining.resume import ResumeState, checkpoint_path, load_checkpoint, save_checkpoint
+from bert_model.pretraining.shards import TOKENIZER_DIR, DataMeta
+from bert_model.pretraining.training_args import TrainingArgs
+from bert_model.tokenization import BertTokenizer
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+ARGS_FILE = "pretraining_args.json"
+
+
+@dataclass
+class TrainResult:
+    """How a `pretrain` call ended."""
+
+    step: int
+    completed: bool
+    """True when max_steps was reached (False: stopped early, resumable)."""
+    last_train: dict[str, Any]
+    """Means over the last logging window."""
+    last_eval: dict[str, Any] | None
+    out: Path
+    elapsed_s: float
+
+
+def pretrain(args: TrainingArgs) -> TrainResult:
+    """Run (or resume) pretraining; under torchrun every process calls this."""
+    context = init_distributed(args.device)
+    try:
+        return Trainer(args, context).run()
+    finally:
+        shutdown(context)
+
+
+class _StopSignal(AbstractContextManager["_StopSignal"]):
+    """Turns SIGINT/SIGTERM into a request to stop after the current step (a second SIGINT aborts)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignal:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with suppress(ValueError):  # not the main thread: leave signals alone
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+class Trainer:
+    """One pretraining run in `args.out` (see the module docstring)."""
+
+    def __init__(self, args: TrainingArgs, context: DistContext) -> None:
+        args.validate(context.world_size)
+        self.args = args
+        self.context = context
+        self.meta = DataMeta.load(args.data)
+        self.tokenizer = BertTokenizer.from_pretrained(args.data / TOKENIZER_DIR)
+        self._check_out_folder()
+        torch.manual_seed(args.seed)  # the same initial weights in every process
+        self.model = build_model(self.meta, self.tokenizer, args.config, args.init, args.dropout).to(context.device)
+        self.optimizer = build_optimizer(self.model, args.optimizer, args.learning_rate, args.weight_decay)
+        self.scheduler = linear_schedule(self.optimizer, args.resolved_warmup(), args.max_steps)
+        self.stream = InstanceStream(args.data, self.meta, "train", seed=args.seed)
+        self.has_eval = self.meta.splits.get("eval") is not None and self.meta.splits["eval"].instances > 0
+        self.metrics = MetricsLog(args.out / METRICS_FILE, context.is_main)
+        self.step, self.elapsed_s = 0, 0.0
+        torch.manual_seed(args.seed + 1 + context.rank)  # dropout differs per process
+        if args.resume:
+            self._resume()
+        self.engine: nn.Module = self.model
+        if context.distributed:
+            ids = [context.device.index] if context.device.type == "cuda" else None
+            self.engine = DistributedDataParallel(self.model, device_ids=ids)
+        self._eval_batches: list[dict[str, torch.Tensor]] | None = None
+
+    # ---- set-up --------------------------------------------------------------------------------------------
+    def _check_out_folder(self) -> None:
+        out = self.args.out
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError(f"--out {out} exists and is not a folder")
+        has_run = (out / METRICS_FILE).exists() or checkpoint_path(out).exists()
+        if has_run and not self.args.resume:
+            raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+        if self.args.resume and not checkpoint_path(out).exists():
+            raise FileNotFoundError(f"--resume: no checkpoint in {out} to continue from")
+        if self.context.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+
+    def _resume(self) -> None:
+        state = load_checkpoint(
+            self.args.out, self.model, self.optimizer, self.scheduler, self.args.to_json(), self.context
+        )
+        self.step, self.elapsed_s = state.step, state.elapsed_s
+        self.stream.state = state.stream
+        self.metrics.truncate_after(self.step)
+        logger.info("resumed %s at step %d", self.args.out, self.step)
+
+    # ---- the loop ------------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        args = self.args
+        self._write_args()
+        last_eval = self._maybe_eval(initial=True)
+        window, window_steps, window_time = Sums(), 0, 0.0
+        last_train: dict[str, Any] = {}
+        started_at = self.step
+        bar = tqdm(
+            total=args.max_steps, initial=self.step, disable=self._no_progress(), unit="step", dynamic_ncols=True
+        )
+        with _StopSignal() as stop, bar:
+            while self.step < args.max_steps:
+                tick = time.perf_counter()
+                self._train_step(window)
+                window_steps += 1
+                window_time += time.perf_counter() - tick
+                self.elapsed_s += time.perf_counter() - tick
+                bar.update(1)
+                if self.step % args.log_every == 0 or self.step == args.max_steps:
+                    last_train = self._log_train(window, window_steps, window_time, bar)
+                    window, window_steps, window_time = Sums(), 0, 0.0
+                last_eval = self._maybe_eval() or last_eval
+                if self._should_stop(stop.requested, started_at):
+                    break
+                if args.save_every and self.step % args.save_every == 0:
+                    self._save()
+        completed = self.step >= args.max_steps
+        self._save()
+        if completed:
+            self._save_final()
+        return TrainResult(self.step, completed, last_train, last_eval, args.out, self.elapsed_s)
+
+    def _no_progress(self) -> bool | None:
+        if not self.context.is_main:
+            return True
+        return None if self.args.progress is None else not self.args.progress
+
+    def _should_stop(self, requested: bool, started_at: int) -> bool:
+        stop_after = self.args.stop_after
+        flag = torch.tensor([float(requested)])
+        if self.context.distributed:  # every process must stop at the same step
+            all_reduce_sum(flag, self.context)
+        return bool(flag.item() > 0) or (stop_after is not None and self.step - started_at >= stop_after)
+
+    def _train_step(self, window: Sums) -> None:
+        args, context = self.args, self.context
+        instances = self.stream.take(args.batch_size)
+        global_masked = max(sum(int((i.labels != IGNORE_INDEX).sum()) for i in instances), 1)
+        share = args.per_process_batch(context.world_size)
+        local = instances[context.rank * share : (context.rank + 1) * share]
+        micro = share // args.accumulation_steps(context.world_size)
+        chunks = [local[i : i + micro] for i in range(0, share, micro)]
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            sync: AbstractContextManager[Any] = nullcontext()
+            if context.distributed and not last:
+                assert isinstance(self.engine, DistributedDataParallel)
+                sync = self.engine.no_sync()
+            with sync:
+                output, batch = self._forward(chunk)
+                sums = _batch_sums(output, batch)
+                loss = (sums[0] / global_masked + sums[3] / args.batch_size) * context.world_size
+                loss.backward()
+            window.add(*sums)
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+
+    def _forward(self, chunk: list[MaskedInstance]) -> tuple[PreTrainingOutput, dict[str, torch.Tensor]]:
+        batch = self._tensors(chunk)
+        with torch.autocast(self.context.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+            output = self.engine(**batch)
+        return output, batch
+
+    def _tensors(self, chunk: list[MaskedInstance]) -> dict[str, torch.Tensor]:
+        arrays = collate(chunk, self.tokenizer.pad_id)
+        return {name: torch.from_numpy(array).to(self.context.device) for name, array in arrays.items()}
+
+    # ---- logging and evaluation ----------------------------------------------------------------------------
+    def _log_train(self, window: Sums, steps: int, seconds: float, bar: tqdm) -> dict[str, Any]:
+        all_reduce_sum(window.values, self.context)
+        summary = window.summary()
+        record = {
+            "step": self.step,
+            "split": "train",
+            **summary,
+            "lr": self.scheduler.get_last_lr()[0],
+            "epoch": self.stream.state.epoch + self.stream.state.position / self.stream.epoch_size,
+            "sequences_per_s": steps * self.args.batch_size / max(seconds, 1e-9),
+            "elapsed_s": self.elapsed_s,
+        }
+        self.metrics.write(record)
+        bar.set_postfix(loss=f"{summary['loss']:.3f}", mlm_acc=f"{summary['mlm_acc']:.3f}", refresh=False)
+        return record
+
+    def _maybe_eval(self, initial: bool = False) -> dict[str, Any] | None:
+        every, step = self.args.eval_every, self.step
+        if not self.has_eval:
+            return None
+        due = (initial and every > 0 and step == 0) or (
+            not initial and ((every > 0 and step % every == 0) or step == self.args.max_steps)
+        )
+        if not due:
+            return None
+        record = {"step": step, "split": "eval", **self.evaluate(), "lr": self.scheduler.get_last_lr()[0]}
+        record["elapsed_s"] = self.elapsed_s
+        self.metrics.write(record)
+        if self.context.is_main:
+            tqdm.write(
+                f"step {step}: eval mlm_acc {record['mlm_acc']:.4f} nsp_acc {record['nsp_acc']:.4f} "
+                f"mlm_loss {record['mlm_loss']:.4f}"
+            )
+        return record
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """MLM loss/accuracy over the masked tokens and NSP loss/accuracy of the held-out instances."""
+        sums = Sums()
+        self.model.eval()
+        try:
+            for batch in self._eval_inputs():
+                with torch.autocast(self.context.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+                    output = self.model(**batch)
+                sums.add(*_batch_sums(output, batch))
+        finally:
+            self.model.train()
+        all_reduce_sum(sums.values, self.context)
+        return sums.summary()
+
+    def _eval_inputs(self) -> list[dict[str, torch.Tensor]]:
+        if self._eval_batches is None:
+            instances = list(iter_split(self.args.data, self.meta, "eval", self.args.eval_max_instances))
+            mine = instances[self.context.rank :: self.context.world_size]
+            size = self.args.eval_batch_size
+            self._eval_batches = [self._tensors(mine[i : i + size]) for i in range(0, len(mine), size)]
+        return self._eval_batches
+
+    # ---- saving --------------------------------------------------------------------------------------------
+    def _save(self) -> None:
+        state = ResumeState(self.step, self.stream.state, self.elapsed_s)
+        save_checkpoint(
+            self.args.out, self.model, self.optimizer, self.scheduler, state, self.args.to_json(), self.context
+        )
+
+    def _save_final(self) -> None:
+        """The finished model and its tokenizer in OUT: loads with from_pretrained and fine-tunes."""
+        if self.context.is_main:
+            self.model.save_pretrained(self.args.out)
+            self.tokenizer.save(self.args.out)
+
+    def _write_args(self) -> None:
+        if self.context.is_main:
+            payload = {"args": self.args.to_json(), "world_size": self.context.world_size, "data": self.meta.corpus}
+            (self.args.out / ARGS_FILE).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def _batch_sums(
+    output: PreTrainingOutput, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """(MLM loss sum, masked tokens, MLM hits, NSP loss sum, sequences, NSP hits) of one forward pass."""
+    labels = batch["labels"]
+    targets = labels[labels != IGNORE_INDEX]  # lines up with the rows of prediction_logits
+    masked = int(targets.numel())
+    sequences = int(labels.shape[0])
+    assert output.mlm_loss is not None and output.nsp_loss is not None
+    mlm_hits = (output.prediction_logits.argmax(-1) == targets).sum()
+    nsp_hits = (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).sum()
+    return output.mlm_loss * masked, masked, mlm_hits, output.nsp_loss * sequences, sequences, nsp_hits
