@@ -67,6 +67,9 @@ class VariantSpec:
     """Accuracy figures measured against PyTorch at export (max_abs_diff, label_agreement, f1_delta...)."""
     fused_ops: dict[str, int] = field(default_factory=dict)
     """Counts of fused operators in the graph (Attention, SkipLayerNormalization, ...)."""
+    runtime_options: dict[str, Any] = field(default_factory=dict)
+    """Settings for the runtime that executes the graph; for `provider == "OpenVINO"` (a graph run by the
+    OpenVINO runtime, not ONNX Runtime) the `compile_model` properties, e.g. {"INFERENCE_PRECISION_HINT": "bf16"}."""
 
 
 @dataclass

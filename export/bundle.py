@@ -1,0 +1,279 @@
+"""`build_bundle`: a model folder (or built-in name) -> a self-describing serving bundle, written atomically.
+
+The bundle layout and manifest are the contract in `bert_model.tasks.spec` (BundleManifest, VariantSpec).
+Steps: validate every option before any work; load the model (eager attention); export opset-17 ONNX;
+canonicalize and fuse; build each requested variant; run each against PyTorch fp32 on real inputs (parity.py)
+and refuse the ones outside their guard; write everything into a temporary folder next to the target and
+rename it into place at the end, so a failure never leaves a half-written bundle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from bert_model.config import BertConfig
+from bert_model.registry import resolve_model_path
+from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec
+from bert_model.tokenization import BertTokenizer
+from export.canonicalize import canonicalize
+from export.graph import export_onnx, fuse_bert, fused_op_counts
+from export.guard_data import GuardSet, guard_set
+from export.parity import AccuracyGuardError, Outputs, ParityResult, judge
+from export.variants import CPU_PREFERENCE, DEFAULT_VARIANTS, RECIPES, Sources, parse_variants
+from export.wrapper import encoder_of, labels_of, load_task_model
+
+logger = logging.getLogger(__name__)
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@dataclass
+class ExportOptions:
+    """What `build_bundle` builds; validated before any work starts."""
+
+    variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
+    """Variant names (see export.variants.RECIPES)."""
+    max_seq_len: int | None = None
+    """Longest input the bundle serves; default: the model's max_position_embeddings."""
+    name: str | None = None
+    """Model name in the manifest; default: the target folder's name."""
+    calibration: Path | None = None
+    """A text file (one input per line, tab between a pair) for the accuracy guards; default: real data."""
+    data_dir: Path | None = None
+    """Folder of the real data sets (../shared/data) used when no calibration file is given."""
+    guard_limit: int = 256
+    """How many inputs the accuracy guards compare."""
+    strict: bool = False
+    """Fail the whole export when a variant is refused (default: drop that variant, keep the others)."""
+
+
+@dataclass
+class BundleResult:
+    path: Path
+    manifest: BundleManifest
+    refused: dict[str, str] = field(default_factory=dict)
+    """Variant name -> why its guard refused it (not written)."""
+
+
+def build_bundle(
+    model_name_or_path: str | Path,
+    out_dir: str | Path,
+    variants: str | list[str] | tuple[str, ...] = DEFAULT_VARIANTS,
+    max_seq_len: int | None = None,
+    **options: Any,
+) -> BundleResult:
+    """Export `model_name_or_path` into the serving bundle `out_dir` (replaced atomically if it exists)."""
+    opts = ExportOptions(variants=parse_variants(variants), max_seq_len=max_seq_len, **options)
+    target = Path(out_dir).expanduser().resolve()
+    _check_target(target)
+    model, task, folder = load_task_model(model_name_or_path)
+    config: BertConfig = encoder_of(model).config
+    max_len = _check_max_len(opts.max_seq_len, config)
+    tokenizer = _tokenizer_of(folder, config)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        manifest, refused = _build_into(scratch, model, task, folder, tokenizer, max_len, opts, target.name)
+        _replace_dir(scratch, target)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return BundleResult(target, manifest, refused)
+
+
+def _check_target(target: Path) -> None:
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(f"output {target} exists and is not a folder")
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise PermissionError(f"cannot create the output folder's parent {parent}: {error.strerror}") from error
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"output folder {parent} is not writable")
+
+
+def _check_max_len(max_seq_len: int | None, config: BertConfig) -> int:
+    limit = config.max_position_embeddings
+    value = limit if max_seq_len is None else max_seq_len
+    if not isinstance(value, int) or not 8 <= value <= limit:
+        raise ValueError(f"max_seq_len must be an integer in [8, {limit}] for this model, got {max_seq_len!r}")
+    return value
+
+
+def _tokenizer_of(folder: Path, config: BertConfig) -> BertTokenizer:
+    """The model folder's tokenizer, or its base model's for an adapter + head composite folder."""
+    try:
+        return BertTokenizer.from_pretrained(folder)
+    except FileNotFoundError:
+        base = config.extra.get("bertserve", {}).get("base_model")
+        if not base:
+            raise
+        return BertTokenizer.from_pretrained(resolve_model_path(base))
+
+
+def _build_into(
+    scratch: Path,
+    model: nn.Module,
+    task: str,
+    folder: Path,
+    tokenizer: BertTokenizer,
+    max_len: int,
+    opts: ExportOptions,
+    default_name: str,
+) -> tuple[BundleManifest, dict[str, str]]:
+    work = scratch / ".work"
+    work.mkdir()
+    started = time.time()
+    raw, fused, rewrites, fused_counts = build_graphs(model, task, work)
+    data_dir = opts.data_dir if opts.data_dir is not None else DEFAULT_DATA_DIR
+    guard = guard_set(
+        task, tokenizer, min(max_len, 384), data_dir=data_dir, path=opts.calibration, limit=opts.guard_limit
+    )
+    reference = torch_outputs(model, task, guard.batches)
+    sources = Sources(raw=raw, fused=fused)
+    variants, refused = _build_variants(scratch, task, opts.variants, sources, guard, reference)
+    if refused and (opts.strict or not variants):
+        raise AccuracyGuardError("; ".join(f"variant {k} refused: {v}" for k, v in refused.items()))
+    shutil.rmtree(work)
+    tokenizer.save(scratch / TOKENIZER_DIR)
+    manifest = BundleManifest(
+        name=opts.name or default_name,
+        task=task,
+        max_seq_length=max_len,
+        variants=variants,
+        labels=labels_of(model),
+        lowercase=tokenizer.lowercase,
+        default_variants=_defaults(variants),
+        source=_source_info(folder, opts, guard, rewrites, fused_counts, refused, time.time() - started),
+    )
+    manifest.write(scratch)
+    return manifest, refused
+
+
+def build_graphs(model: nn.Module, task: str, work: Path) -> tuple[Path, Path, dict[str, int], dict[str, int]]:
+    """Export, canonicalize and fuse: returns (raw graph, fused graph, rewrite counts, fused-op counts)."""
+    config: BertConfig = encoder_of(model).config
+    traced = export_onnx(model, task, work / "traced.onnx")
+    graph = onnx.load(str(traced))
+    rewrites = canonicalize(graph)
+    raw = work / "raw.onnx"
+    onnx.save(graph, str(raw))
+    fused = work / "fused.onnx"
+    counts = fuse_bert(raw, fused, config)
+    return raw, fused, rewrites, counts
+
+
+def torch_outputs(model: nn.Module, task: str, batches: list[dict[str, np.ndarray]]) -> Outputs:
+    """PyTorch fp32 outputs of `model` (eval mode) on every guard batch, keyed by the task's output names."""
+    names = OUTPUT_NAMES[task]
+    model.eval()
+    results = []
+    with torch.inference_mode():
+        for batch in batches:
+            output = model(*(torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
+            results.append({name: getattr(output, name).float().numpy() for name in names})
+    return results
+
+
+def _build_variants(
+    scratch: Path,
+    task: str,
+    names: list[str],
+    sources: Sources,
+    guard: GuardSet,
+    reference: Outputs,
+) -> tuple[dict[str, VariantSpec], dict[str, str]]:
+    variants: dict[str, VariantSpec] = {}
+    refused: dict[str, str] = {}
+    for name in names:
+        recipe = RECIPES[name]
+        missing = recipe.unavailable()
+        if missing:
+            refused[name] = f"skipped: {missing}"
+            logger.warning("variant %s skipped: %s", name, missing)
+            continue
+        path = scratch / recipe.file
+        recipe.build(sources, path)
+        result = check_variant(recipe.name, path, task, guard, reference)
+        if not result.passed:
+            refused[name] = result.message
+            logger.warning("variant %s refused (not written): %s", name, result.message)
+            path.unlink()
+            continue
+        counts = fused_op_counts(onnx.load(str(path), load_external_data=False))
+        variants[name] = VariantSpec(
+            recipe.file, recipe.provider, recipe.precision, result.figures, counts, dict(recipe.runtime_options)
+        )
+    return variants, refused
+
+
+def check_variant(name: str, path: Path, task: str, guard: GuardSet, reference: Outputs) -> ParityResult:
+    """Run variant `name` (file `path`) on the guard inputs and judge it against the PyTorch outputs."""
+    recipe = RECIPES[name]
+    run = recipe.runner(path)
+    candidate = [run(batch) for batch in guard.batches]
+    result = judge(task, recipe.precision, reference, candidate, guard.batches)
+    result.figures["guard_source"] = guard.source
+    return result
+
+
+def _defaults(variants: dict[str, VariantSpec]) -> dict[str, str]:
+    defaults = {}
+    cpu = [name for name in CPU_PREFERENCE if name in variants]
+    if cpu:
+        defaults["cpu"] = cpu[0]
+    if "gpu-fp16" in variants:
+        defaults["gpu"] = "gpu-fp16"
+    return defaults
+
+
+def _source_info(
+    folder: Path,
+    opts: ExportOptions,
+    guard: GuardSet,
+    rewrites: dict[str, int],
+    fused_counts: dict[str, int],
+    refused: dict[str, str],
+    seconds: float,
+) -> dict[str, Any]:
+    import onnxruntime
+
+    return {
+        "model": str(folder),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "export_seconds": round(seconds, 1),
+        "opset": 17,
+        "requested_variants": opts.variants,
+        "refused_variants": refused,
+        "guard_inputs": {"source": guard.source, "count": guard.size},
+        "graph_rewrites": rewrites,
+        "fused_ops": fused_counts,
+        "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
+    }
+
+
+def _replace_dir(scratch: Path, target: Path) -> None:
+    """Move the finished `scratch` folder to `target`; an existing bundle is swapped out, then removed."""
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        target.rename(old)
+    try:
+        scratch.rename(target)
+    except BaseException:
+        if old is not None:
+            old.rename(target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

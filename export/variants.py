@@ -1,0 +1,129 @@
+"""The precision variants a bundle can hold: how each is built from the exported graphs, and how it runs.
+
+Every variant starts from one of two graphs of the same model: `raw` (the traced opset-17 graph after
+canonicalize.py) or `fused` (after ONNX Runtime's BERT fusions: Attention, SkipLayerNormalization,
+EmbedLayerNormalization, BiasGelu).
+
+| variant | built from | how | runs on |
+|---|---|---|---|
+| cpu-fp32 | fused | as is | ONNX Runtime CPU |
+| cpu-int8 | fused | dynamic int8, per-channel weights (QAttention + DynamicQuantizeMatMul) | ONNX Runtime CPU |
+| gpu-fp16 | fused | fp16 weights and compute, fp32 inputs/outputs (keep_io_types) | ONNX Runtime CUDA / TensorRT |
+| openvino-int8 | raw | int8 weights per channel; activations int8 per group at run time; rest bf16 | OpenVINO CPU |
+| openvino-bf16 | raw | fp32 graph, OpenVINO inference precision bf16 (AVX512-BF16) | OpenVINO CPU |
+
+openvino-int8 stores int8 weights behind DequantizeLinear; OpenVINO's CPU plugin runs those MatMuls with int8
+(VNNI) kernels and quantizes their activations dynamically per group of 32 channels. OpenVINO is the optional
+`openvino` extra.
+
+The OpenVINO variants carry their compile settings in `VariantSpec.runtime_options`; the file is still a
+standard ONNX graph (ONNX Runtime runs it too, in float, if OpenVINO is missing).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from export.quantize import quantize_dynamic_int8, weight_only_int8
+from export.runtime import Runner, openvino_available, openvino_runner, ort_runner
+
+OPENVINO_PROVIDER = "OpenVINO"
+"""`VariantSpec.provider` of variants that the OpenVINO runtime (not ONNX Runtime) executes."""
+
+
+@dataclass
+class Sources:
+    """The graphs and data a variant is built from."""
+
+    raw: Path
+    fused: Path
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    provider: str
+    """ONNX Runtime execution provider, or OPENVINO_PROVIDER."""
+    precision: str
+    hardware: str
+    """`cpu` or `gpu`: which default slot of the manifest it can fill."""
+    build: Callable[[Sources, Path], None]
+    runtime_options: tuple[tuple[str, str], ...] = ()
+    """OpenVINO `compile_model` settings (written to the manifest); empty for ONNX Runtime variants."""
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.onnx"
+
+    def runner(self, path: Path) -> Runner:
+        """How the guard (and the benchmark) runs this variant on this CPU."""
+        if self.provider == OPENVINO_PROVIDER:
+            return openvino_runner(path, dict(self.runtime_options))
+        return ort_runner(path, "CPUExecutionProvider")
+
+    def unavailable(self) -> str | None:
+        """Why this variant cannot be built and checked here (its runtime is missing), or None."""
+        if self.provider == OPENVINO_PROVIDER and not openvino_available():
+            return "needs the OpenVINO runtime: pip install 'bertserve[openvino]'"
+        return None
+
+
+def _copy_fused(sources: Sources, target: Path) -> None:
+    shutil.copyfile(sources.fused, target)
+
+
+def _copy_raw(sources: Sources, target: Path) -> None:
+    shutil.copyfile(sources.raw, target)
+
+
+def _dynamic_int8(sources: Sources, target: Path) -> None:
+    quantize_dynamic_int8(sources.fused, target)
+
+
+def _weight_only_int8(sources: Sources, target: Path) -> None:
+    weight_only_int8(sources.raw, target)
+
+
+def _fp16(sources: Sources, target: Path) -> None:
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(onnx.load(str(sources.fused)))
+    model.convert_float_to_float16(keep_io_types=True)
+    onnx.save(model.model, str(target))
+    onnx.checker.check_model(str(target))
+
+
+OPENVINO_INT8: tuple[tuple[str, str], ...] = (
+    ("INFERENCE_PRECISION_HINT", "bf16"),
+    ("DYNAMIC_QUANTIZATION_GROUP_SIZE", "32"),
+)
+RECIPES: dict[str, Recipe] = {
+    recipe.name: recipe
+    for recipe in (
+        Recipe("cpu-fp32", "CPUExecutionProvider", "fp32", "cpu", _copy_fused),
+        Recipe("cpu-int8", "CPUExecutionProvider", "int8", "cpu", _dynamic_int8),
+        Recipe("gpu-fp16", "CUDAExecutionProvider", "fp16", "gpu", _fp16),
+        Recipe("openvino-int8", OPENVINO_PROVIDER, "int8", "cpu", _weight_only_int8, OPENVINO_INT8),
+        Recipe("openvino-bf16", OPENVINO_PROVIDER, "bf16", "cpu", _copy_raw, (("INFERENCE_PRECISION_HINT", "bf16"),)),
+    )
+}
+DEFAULT_VARIANTS: tuple[str, ...] = ("cpu-fp32", "cpu-int8", "gpu-fp16", "openvino-int8")
+CPU_PREFERENCE: tuple[str, ...] = ("openvino-int8", "openvino-bf16", "cpu-int8", "cpu-fp32")
+"""Which written variant the manifest names as the CPU default: the first present (fastest measured first)."""
+
+
+def parse_variants(names: str | list[str] | tuple[str, ...]) -> list[str]:
+    """Validate a comma-separated string or list of variant names (raises ValueError naming the unknown one)."""
+    items = [n.strip() for n in names.split(",")] if isinstance(names, str) else [str(n).strip() for n in names]
+    items = [n for n in items if n]
+    if not items:
+        raise ValueError(f"no variant given; choose from {', '.join(RECIPES)}")
+    for name in items:
+        if name not in RECIPES:
+            raise ValueError(f"unknown variant {name!r}; choose from {', '.join(RECIPES)}")
+    return list(dict.fromkeys(items))
