@@ -63,7 +63,7 @@ triton-venv: $(TRITON_VENV)/.stamp
 $(TRITON_VENV)/.stamp:
 	$(PYTHON) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/python -m pip install -q --upgrade pip
-	$(TRITON_VENV)/bin/python -m pip install -q "nvidia-pytriton==0.7.0" "numpy<2"
+	$(TRITON_VENV)/bin/python -m pip install -q "nvidia-pytriton==0.7.0" "numpy<2" "onnxruntime==1.32.*"
 	touch $@
 
 # Service overhead at low load and throughput with batching on vs off (under the shared CPU lock).

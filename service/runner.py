@@ -34,6 +34,8 @@ class _Server(uvicorn.Server):
             for callback in self._on_exit:
                 callback()
         super().handle_exit(sig, frame)
+        # uvicorn re-raises captured signals after shutdown (exit status -15); a drained server exits 0
+        self._captured_signals.clear()
 
 
 def serve(settings: ServiceSettings) -> None:

@@ -1,0 +1,168 @@
+"""Process-level behaviour: no torch, readiness transitions, graceful SIGTERM, API key, CORS, settings, CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from service.errors import GRPC_STATUS, HTTP_STATUS, ServiceError, grpc_status, http_status
+from service.grpc_api.stubs import bert_pb2 as pb
+from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
+from service.settings import ServiceSettings
+from tests.service.server import REPO, ServerProcess
+from tests.service.test_http_api import LONG_CONTEXT
+
+
+def test_service_imports_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "import service.cli, service.runner, service.http_api, service.grpc_api.server, service.inference\n"
+        "import service.ort_backend, service.triton_backend\n"
+        "from service.http_api import create_app\n"
+        "create_app()\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'onnx'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
+def test_every_domain_error_has_a_status_in_both_tables() -> None:
+    def subclasses(klass: type) -> list[type]:
+        return [klass, *(s for c in klass.__subclasses__() for s in subclasses(c))]
+
+    caller_faults = {"InvalidInput", "InputTooLong", "UnknownModel", "PayloadTooLarge", "Unauthenticated", "Overloaded"}
+    for klass in subclasses(ServiceError):
+        error = klass("x")
+        assert (http_status(error) < 500) == (klass.__name__ in caller_faults), klass
+        assert grpc_status(error) != grpc.StatusCode.UNKNOWN
+    assert http_status(ServiceError("x")) == 500 and grpc_status(ServiceError("x")) == grpc.StatusCode.INTERNAL
+    assert set(GRPC_STATUS) <= set(HTTP_STATUS)
+
+
+def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BERTSERVE_MODELS", "a, b,c")
+    monkeypatch.setenv("BERTSERVE_CORS_ORIGINS", '["http://x.org"]')
+    monkeypatch.setenv("BERTSERVE_MAX_WAIT_MS", "7.5")
+    monkeypatch.setenv("BERTSERVE_BATCHING", "false")
+    monkeypatch.setenv("BERTSERVE_API_KEY", "")
+    settings = ServiceSettings()
+    assert settings.models == ["a", "b", "c"] and settings.cors_origins == ["http://x.org"]
+    assert settings.max_wait_ms == 7.5 and settings.effective_max_batch_size == 1 and settings.api_key is None
+    assert ServiceSettings(models="d").models == ["d"]  # explicit values win over the environment
+    monkeypatch.setenv("BERTSERVE_MAX_BATCH_SIZE", "0")
+    with pytest.raises(ValueError, match="max_batch_size"):
+        ServiceSettings()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--models", "/does/not/exist"], {}, "no serving bundle '/does/not/exist'"),
+        (["--models", "x", "--backend", "tensorflow"], {}, "backend"),
+        ([], {"BERTSERVE_MAX_QUEUE": "-3", "BERTSERVE_MODELS": "x"}, "max_queue"),
+    ],
+)
+def test_cli_user_errors_are_one_line(args: list[str], env: dict[str, str], needle: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bertserve", "serve", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, **env},
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and needle in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.integration
+def test_readiness_transitions_and_graceful_sigterm(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    env = {"BERTSERVE_WARMUP_ROUNDS": "300", "BERTSERVE_MAX_QUEUE": "100000", "BERTSERVE_LOG_LEVEL": "info"}
+    server = ServerProcess(list(tiny_bundles.values()), tmp_path / "server.log", env)
+    try:
+        server.wait_live()
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            ready = httpx.get(server.url + "/health/ready")
+            assert ready.status_code == 503 and ready.json()["status"] == "loading"
+            status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+            early = httpx.post(server.url + "/classify", json={"inputs": "too early"})
+            assert early.status_code == 503 and "loading" in early.json()["error"]["message"]
+            server.wait_ready()
+            status = health.Check(health_pb2.HealthCheckRequest(service="bert.v1.QA"), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+
+            # in-flight work when SIGTERM arrives is finished, on both front doors
+            body = {"inputs": [{"question": "Which river?", "context": LONG_CONTEXT}] * 48}
+            results: list[int] = []
+
+            def rest_call() -> None:
+                results.append(httpx.post(server.url + "/qa", json=body, timeout=60).status_code)
+
+            grpc_request = pb.ExtractRequest(inputs=[pb.QAInput(question="Which river?", context=LONG_CONTEXT)] * 48)
+            grpc_results: list[int] = []
+
+            def grpc_call() -> None:
+                response = pb_grpc.QAStub(channel).Extract(grpc_request, timeout=60)
+                grpc_results.append(len(response.results))
+
+            threads = [threading.Thread(target=rest_call) for _ in range(4)]
+            threads += [threading.Thread(target=grpc_call) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.3)
+            started = time.monotonic()
+            server.process.send_signal(15)
+            for thread in threads:
+                thread.join(60)
+        code = server.process.wait(30)
+        assert results == [200] * 4, (results, server.logs())
+        assert grpc_results == [48, 48], server.logs()
+        assert code == 0, server.logs()
+        assert time.monotonic() - started < 30
+        assert "stop signal received" in server.logs()
+    finally:
+        server.terminate()
+
+
+@pytest.mark.integration
+def test_api_key_and_cors(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    env = {"BERTSERVE_API_KEY": "s3cret", "BERTSERVE_CORS_ORIGINS": "http://app.example"}
+    server = ServerProcess([tiny_bundles["classify"]], tmp_path / "server.log", env)
+    try:
+        server.wait_live()
+        server._wait("/health/ready", 60)
+        body = {"inputs": "hello"}
+        denied = httpx.post(server.url + "/classify", json=body)
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "unauthenticated"
+        wrong = httpx.post(server.url + "/classify", json=body, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert httpx.get(server.url + "/v1/models").status_code == 401
+        ok = httpx.post(server.url + "/classify", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert httpx.get(server.url + "/metrics").status_code == 200
+        preflight = httpx.options(
+            server.url + "/classify",
+            headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
+        )
+        assert preflight.headers["access-control-allow-origin"] == "http://app.example"
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = pb_grpc.ClassifierStub(channel)
+            request = pb.ClassifyRequest(inputs=[pb.TextInput(text="hello")])
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Classify(request, timeout=10)
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert stub.Classify(request, metadata=[("authorization", "Bearer s3cret")], timeout=10).results
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        assert server.terminate() == 0
