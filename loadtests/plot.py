@@ -1,0 +1,44 @@
+"""The PNG of a run: accepted-request latency percentiles (top, log scale) and throughput (bottom) over time,
+one colour per target, one point per second of completion time. Rendered with matplotlib's Agg backend."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from loadtests.samples import Sample
+from loadtests.summary import timeseries
+
+
+def plot_run(path: Path, samples_by_target: Mapping[str, Sequence[Sample]], title: str, warmup_s: float) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, constrained_layout=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (label, samples) in enumerate(samples_by_target.items()):
+        colour = colours[index % len(colours)]
+        series = timeseries(samples)
+        top.plot(series["t"], series["p99"], color=colour, label=f"{label} p99")
+        top.plot(series["t"], series["p95"], color=colour, linestyle="--", alpha=0.7, label=f"{label} p95")
+        top.plot(series["t"], series["p50"], color=colour, linestyle=":", label=f"{label} p50")
+        bottom.plot(series["t"], series["ok_rps"], color=colour, label=f"{label} ok/s")
+        if any(series["rejected_rps"]):
+            bottom.plot(series["t"], series["rejected_rps"], color=colour, linestyle=":", label=f"{label} 429/s")
+        if any(series["failed_rps"]):
+            bottom.plot(series["t"], series["failed_rps"], color=colour, linestyle="-.", label=f"{label} failed/s")
+    for axis in (top, bottom):
+        if warmup_s > 0:
+            axis.axvspan(0, warmup_s, color="grey", alpha=0.15, label="_warm-up")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize="small", ncol=3)
+    top.set_yscale("log")
+    top.set_ylabel("latency of accepted requests (ms)")
+    bottom.set_ylabel("requests per second")
+    bottom.set_xlabel("seconds since start (grey: warm-up, left out of the summary)")
+    top.set_title(title)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

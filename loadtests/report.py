@@ -1,0 +1,127 @@
+"""The Markdown report of a run, and the peer table (RPS, p50, p99, error rate, ratios to the naive server)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadtests.summary import ALL
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def peer_rows(targets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per target over all its endpoints, with ratios to the `naive` target when there is one."""
+    naive = targets.get("naive", {}).get("summary", {}).get("endpoints", {}).get(ALL)
+    rows = []
+    for label, target in targets.items():
+        figures = target["summary"]["endpoints"][ALL]
+        latency = figures["latency_ms"]
+        row = {
+            "target": label,
+            "endpoints": ", ".join(n for n in target["summary"]["endpoints"] if n != ALL),
+            "ok_rps": figures["ok_rps"],
+            "p50_ms": latency["p50"],
+            "p99_ms": latency["p99"],
+            "error_rate": figures["error_rate"],
+            "rps_vs_naive": None,
+            "p99_vs_naive": None,
+        }
+        if naive is not None and naive["ok_rps"]:
+            row["rps_vs_naive"] = round(figures["ok_rps"] / naive["ok_rps"], 3)
+        if naive is not None and naive["latency_ms"]["p99"] and latency["p99"] is not None:
+            row["p99_vs_naive"] = round(latency["p99"] / naive["latency_ms"]["p99"], 3)
+        rows.append(row)
+    return rows
+
+
+def peer_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| target | endpoint | throughput (ok/s) | p50 ms | p99 ms | error rate | throughput vs naive | p99 vs naive |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['target']} | {row['endpoints']} | {row['ok_rps']:.1f} | {_ms(row['p50_ms'])} | "
+            f"{_ms(row['p99_ms'])} | {row['error_rate']:.2%} | {_ratio(row['rps_vs_naive'])} | "
+            f"{_ratio(row['p99_vs_naive'])} |"
+        )
+    return "\n".join(lines)
+
+
+def endpoint_table(summary: dict[str, Any]) -> str:
+    lines = [
+        "| endpoint | requests | failures | 429 | timeouts | ok/s | p50 | p90 | p95 | p99 | max | "
+        "server queue p50 / p99 | server inference p50 / p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, f in summary["endpoints"].items():
+        lat, queue, infer = f["latency_ms"], f["server_queue_ms"], f["server_inference_ms"]
+        lines.append(
+            f"| {name} | {f['requests']} | {f['failures']} | {f['rejected']} | {f['timeouts']} | {f['ok_rps']:.1f} | "
+            f"{_ms(lat['p50'])} | {_ms(lat['p90'])} | {_ms(lat['p95'])} | {_ms(lat['p99'])} | {_ms(lat['max'])} | "
+            f"{_ms(queue['p50'])} / {_ms(queue['p99'])} | {_ms(infer['p50'])} / {_ms(infer['p99'])} |"
+        )
+    return "\n".join(lines)
+
+
+def _header(summary: dict[str, Any]) -> list[str]:
+    profile = summary["profile"]
+    stages = ", ".join(f"{s['users']} users until {s['end_s']:.0f}s" for s in profile["stages"])
+    sources = ", ".join(f"{task}: {source}" for task, source in summary["payload_sources"].items())
+    machine = summary["machine"]
+    return [
+        f"# Load test {summary['run_id']}",
+        "",
+        f"- profile **{profile['name']}**: {profile['description']} ({stages}; warm-up {profile['warmup_s']:.0f}s "
+        "left out of the figures)",
+        f"- mix: `{summary['mix']}`; payloads: {sources}",
+        f"- machine: {machine['cpus']} CPUs, {machine['platform']}; git {summary.get('git') or 'unknown'}",
+        "- latencies are client-side, in ms, over accepted requests; throughput counts accepted answers per second",
+        "",
+    ]
+
+
+def _target_section(label: str, target: dict[str, Any]) -> list[str]:
+    lines = [f"## {label}", ""]
+    if target.get("command"):
+        lines += [
+            f"Started with `{' '.join(target['command'][1:])}`"
+            + (f" (ready in {target['ready_s']:.1f}s)." if target.get("ready_s") is not None else "."),
+            "",
+        ]
+    else:
+        lines += [f"External service at {target.get('http_url') or ''} {target.get('grpc_target') or ''}.", ""]
+    return [*lines, endpoint_table(target["summary"]), ""]
+
+
+def render_report(summary: dict[str, Any]) -> str:
+    """The whole report.md."""
+    lines = _header(summary)
+    if len(summary["targets"]) > 1:
+        lines += ["## Side by side", "", peer_table(summary["comparison"]), ""]
+        lines += [
+            "Ratios: throughput divided by the naive server's (higher is better); p99 divided by the naive "
+            "server's (lower is better).",
+            "",
+        ]
+    for label, target in summary["targets"].items():
+        lines += _target_section(label, target)
+    lines += ["## Checks", ""]
+    lines += [f"- {'PASS' if c['passed'] else 'FAIL'} {c['target']}: {c['description']}" for c in summary["checks"]]
+    lines += ["" if summary["checks"] else "- none for this profile", ""]
+    lines += ["## Compared with", ""]
+    for label, regression in summary["regression"].items():
+        reference = regression.get("reference")
+        if reference is None:
+            lines.append(f"- {label}: no earlier run of this profile, target and mix in the history")
+            continue
+        lines.append(f"- {label}: run {reference} (baseline {regression.get('baseline') or 'previous run'})")
+        lines += [f"  - {change}" for change in regression["lines"]]
+    lines += ["", "![latency and throughput over time](latency.png)", ""]
+    return "\n".join(lines)

@@ -1,0 +1,408 @@
+"""`bertserve loadtest`: validate everything, run locust headless against each target, write the results.
+
+Order of work: (1) check every input before any load: profile, mix, thresholds, data files (payloads are
+read now), loopback-only hosts, history and baseline, an external host's health; (2) per target (the naive
+peer, ours without batching, ours with batching; or one target) start the server if needed, run locust in a
+subprocess with the profile's load shape, show a progress line, stop the server; (3) write
+`<results>/<timestamp>-<profile>/`: locust's CSVs, `<target>_samples.csv`, `summary.json`, `report.md`,
+`latency.png`; append to the history file and compare with the previous run (or a baseline).
+Exit status: 0; 3 = a regression beyond the thresholds; 4 = a check of the profile failed (both: 4).
+Locust runs in its own process because it monkey-patches the standard library with gevent on import.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from loadtests import endpoints as ep
+from loadtests.history import (
+    append_history,
+    changes_to_json,
+    check_baseline,
+    compare,
+    find_reference,
+    history_record,
+    read_history,
+)
+from loadtests.payloads import DEFAULT_LIMIT, Payloads, load_payloads
+from loadtests.plot import plot_run
+from loadtests.profiles import Profile, get_profile
+from loadtests.report import peer_rows, render_report
+from loadtests.safety import check_grpc_target, check_http_url
+from loadtests.samples import Sample, read_samples
+from loadtests.summary import ALL, summarize
+from loadtests.targets import REPO, RunningServer, Target, check_external, naive_command, ours_command
+
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+DEFAULT_RESULTS = REPO / "loadtests" / "results"
+DEFAULT_MODELS = {"classify": "minilm-sst2", "qa": "minilm-squad", "ner": "minilm-conll03"}
+EXIT_OK, EXIT_REGRESSION, EXIT_CHECKS = 0, 3, 4
+
+
+@dataclass
+class RunOptions:
+    """Everything `bertserve loadtest` can be told (validated by `plan_run` before any load)."""
+
+    profile: str = "smoke"
+    mix: str = ep.DEFAULT_MIX
+    host: str | None = None
+    grpc_host: str | None = None
+    peers: bool = False
+    models: str | None = None
+    peer_models: str | None = None
+    bundles_dir: Path | None = None
+    sst2: Path | None = None
+    squad: Path | None = None
+    conll: Path | None = None
+    payload_limit: int = DEFAULT_LIMIT
+    users: int | None = None
+    duration_s: float | None = None
+    spawn_rate: float | None = None
+    results_dir: Path = DEFAULT_RESULTS
+    history: Path | None = None
+    baseline: str | None = None
+    tag: str | None = None
+    max_p99_increase: float = 0.25
+    max_rps_drop: float = 0.15
+    server_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float = 300.0
+    seed: int = 0
+
+
+@dataclass
+class Plan:
+    profile: Profile
+    mix: ep.Mix
+    payloads: Payloads
+    targets: list[Target]
+    history_path: Path
+    history: list[dict[str, Any]]
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    run_dir: Path
+    summary: dict[str, Any]
+
+
+# ---- validation (nothing is started or sent before this passes) ----------------------------------------
+def parse_task_models(text: str | None, needed: list[str], option: str) -> dict[str, str]:
+    """`classify=minilm-sst2,qa=x` -> {task: model} for the needed tasks, defaults for the rest."""
+    given: dict[str, str] = {}
+    for item in (part.strip() for part in (text or "").split(",")):
+        if not item:
+            continue
+        task_name, sep, model = item.partition("=")
+        if not sep or task_name not in DEFAULT_MODELS or not model:
+            raise ValueError(f"{option} item {item!r} is not TASK=MODEL with TASK in {', '.join(DEFAULT_MODELS)}")
+        given[task_name] = model
+    return {task_name: given.get(task_name, DEFAULT_MODELS[task_name]) for task_name in needed}
+
+
+def _check_numbers(options: RunOptions) -> None:
+    if options.max_p99_increase < 0 or options.max_rps_drop < 0 or options.max_rps_drop >= 1:
+        raise ValueError(
+            f"thresholds: --max-p99-increase must be >= 0 (got {options.max_p99_increase}) and --max-rps-drop "
+            f"in [0, 1) (got {options.max_rps_drop})"
+        )
+    if options.startup_timeout_s <= 0:
+        raise ValueError(f"--startup-timeout must be positive, got {options.startup_timeout_s}")
+
+
+def _external_target(options: RunOptions, mix: ep.Mix) -> Target:
+    kinds = ep.protocols(mix)
+    if "rest" in kinds and not options.host:
+        raise ValueError("the mix has REST endpoints: give --host http://127.0.0.1:8000 (or drop --grpc-host)")
+    if "grpc" in kinds and not options.grpc_host:
+        raise ValueError("the mix has gRPC endpoints: give --grpc-host 127.0.0.1:50051 as well")
+    http_url = check_http_url(options.host) if options.host else None
+    grpc_target = check_grpc_target(options.grpc_host) if options.grpc_host else None
+    return Target("external", "external", mix, http_url=http_url, grpc_target=grpc_target)
+
+
+def _started_targets(options: RunOptions, profile: Profile, mix: ep.Mix) -> list[Target]:
+    needed = ep.tasks(mix)
+    ours = list(parse_task_models(options.models, needed, "--models").values())
+    extra = [*profile.server_args, *options.server_args]
+    targets = []
+    if options.peers:
+        command, url = naive_command(parse_task_models(options.peer_models or options.models, needed, "--peer-models"))
+        targets.append(Target("naive", "naive", ep.as_rest(mix), command=command, http_url=url, ready_path="/health"))
+    for batching in [False, True] if options.peers else [True]:
+        command, url, grpc_target = ours_command(ours, batching, profile.request_timeout_s, extra, options.bundles_dir)
+        label = "ours-batching" if batching else "ours-no-batching"
+        targets.append(Target(label, "ours", mix, batching, command, url, grpc_target))
+    return targets
+
+
+def plan_run(options: RunOptions) -> Plan:
+    """Check every input and build the targets; raises ValueError / FileNotFoundError before any load."""
+    profile = get_profile(options.profile).with_overrides(options.users, options.duration_s, options.spawn_rate)
+    mix = ep.parse_mix(options.mix)
+    _check_numbers(options)
+    external = options.host is not None or options.grpc_host is not None
+    if external and options.peers:
+        raise ValueError("--peers starts its own servers: drop --host / --grpc-host")
+    payloads = load_payloads(options.sst2, options.squad, options.conll, options.payload_limit, options.seed)
+    history_path = options.history or options.results_dir / "history.jsonl"
+    history = read_history(history_path)
+    if options.baseline is not None:
+        check_baseline(history, options.baseline, history_path)
+    targets = [_external_target(options, mix)] if external else _started_targets(options, profile, mix)
+    for target in targets:
+        if target.kind == "external":
+            check_external(target)
+    return Plan(profile, mix, payloads, targets, history_path, history)
+
+
+# ---- one target ---------------------------------------------------------------------------------------
+def locust_command(target: Target, config_path: Path, csv_prefix: Path) -> list[str]:
+    classes = [name for name, kind in (("RestUser", "rest"), ("GrpcUser", "grpc")) if kind in ep.protocols(target.mix)]
+    return [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
+        "--loglevel", "WARNING", "--csv", str(csv_prefix), "--csv-full-history", "--exit-code-on-error", "0",
+        "--host", target.http_url or "http://127.0.0.1", "--bertserve-config", str(config_path), *classes,
+    ]  # fmt: skip
+
+
+def _progress_line(label: str, profile: Profile, progress: dict[str, Any]) -> str:
+    counts = progress.get("counts", {})
+    p50, p99 = progress.get("p50_ms"), progress.get("p99_ms")
+    latency = f"p50 {p50:.0f} ms  p99 {p99:.0f} ms" if p50 is not None and p99 is not None else "p50 –  p99 –"
+    return (
+        f"[{profile.name}] {label:<17} {progress.get('t', 0):5.0f}/{profile.duration_s:.0f}s  "
+        f"users {progress.get('users', 0):3d}  ok {counts.get('ok', 0):6d}  429 {counts.get('rejected', 0):5d}  "
+        f"timeouts {counts.get('timeout', 0):4d}  errors {counts.get('error', 0):4d}  "
+        f"ok/s {progress.get('ok_rps', 0):7.1f}  {latency}"
+    )
+
+
+def _watch(process: subprocess.Popen[bytes], progress_path: Path, label: str, profile: Profile, out: TextIO) -> int:
+    """Wait for locust, printing the progress line (in place on a terminal, every 5 s otherwise)."""
+    limit = time.monotonic() + profile.duration_s + 120
+    interactive = out.isatty()
+    last_print = 0.0
+    line = printed = ""
+    while process.poll() is None:
+        if time.monotonic() > limit:
+            process.kill()
+            raise RuntimeError(f"locust did not finish within {profile.duration_s + 120:.0f}s for {label}")
+        time.sleep(0.5)
+        try:
+            line = _progress_line(label, profile, json.loads(progress_path.read_text()))
+        except (OSError, ValueError):
+            continue
+        if interactive:
+            out.write("\r" + line)
+            out.flush()
+        elif time.monotonic() - last_print >= 5:
+            out.write(line + "\n")
+            printed, last_print = line, time.monotonic()
+    if interactive and line:
+        out.write("\n")
+    elif line != printed:
+        out.write(line + "\n")
+    return int(process.returncode)
+
+
+def run_locust(target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO) -> list[Sample]:
+    """Drive `target` with the profile; the samples of every request."""
+    config_path = run_dir / f"{target.label}_config.json"
+    samples_path = run_dir / f"{target.label}_samples.csv"
+    progress_path = run_dir / f".{target.label}_progress.json"
+    config = {
+        "mix": target.mix,
+        "payloads_path": str(run_dir / "payloads.json"),
+        "grpc_target": target.grpc_target,
+        "stages": [[s.end_s, s.users, s.spawn_rate] for s in plan.profile.stages],
+        "client_timeout_s": plan.profile.client_timeout_s,
+        "samples_path": str(samples_path),
+        "progress_path": str(progress_path),
+        "seed": seed,
+    }
+    config_path.write_text(json.dumps(config, indent=2))
+    command = locust_command(target, config_path, run_dir / target.label)
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(run_dir / f"{target.label}_locust.log", "w") as log:
+        process = subprocess.Popen(command, cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            code = _watch(process, progress_path, target.label, plan.profile, out)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    progress_path.unlink(missing_ok=True)
+    if code != 0 or not samples_path.exists():
+        tail = "\n".join((run_dir / f"{target.label}_locust.log").read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"locust failed for {target.label} (exit {code}):\n{tail}")
+    return read_samples(samples_path)
+
+
+def run_target(target: Target, plan: Plan, run_dir: Path, options: RunOptions, out: TextIO) -> dict[str, Any]:
+    """Start (if needed), load, stop one target; its entry of summary.json plus its samples."""
+    info: dict[str, Any] = {
+        "kind": target.kind,
+        "batching": target.batching,
+        "mix": ep.format_mix(target.mix),
+        "command": target.command,
+        "http_url": target.http_url,
+        "grpc_target": target.grpc_target,
+        "ready_s": None,
+    }
+    if target.command:
+        out.write(f"starting {target.label}: {' '.join(target.command[1:])}\n")
+        with RunningServer(target, run_dir / f"{target.label}_server.log") as server:
+            info["ready_s"] = round(server.wait_ready(options.startup_timeout_s), 2)
+            samples = run_locust(target, plan, run_dir, options.seed, out)
+    else:
+        samples = run_locust(target, plan, run_dir, options.seed, out)
+    info["summary"] = summarize(samples, plan.profile.warmup_s)
+    info["_samples"] = samples
+    return info
+
+
+# ---- checks, history, outputs -------------------------------------------------------------------------
+def evaluate_checks(profile: Profile, targets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The profile's checks on every target but the naive peer (which has no queue nor deadline)."""
+    checks: list[dict[str, Any]] = []
+    rules = profile.checks
+    for label, target in targets.items():
+        if target["kind"] == "naive":
+            continue
+        figures = target["summary"]["endpoints"][ALL]
+
+        def add(description: str, passed: bool, label: str = label) -> None:
+            checks.append({"target": label, "description": description, "passed": bool(passed)})
+
+        if figures["requests"] == 0:
+            add("at least one request completed", False)
+            continue
+        if rules.max_error_rate is not None:
+            add(
+                f"error rate {figures['error_rate']:.2%} <= {rules.max_error_rate:.2%}",
+                figures["error_rate"] <= rules.max_error_rate,
+            )
+        if rules.expect_rejections:
+            add(
+                f"{figures['rejected']} requests rejected with 429 / RESOURCE_EXHAUSTED (expected > 0)",
+                figures["rejected"] > 0,
+            )
+        if rules.max_timeouts is not None:
+            add(f"{figures['timeouts']} timeouts <= {rules.max_timeouts}", figures["timeouts"] <= rules.max_timeouts)
+        p99 = figures["latency_ms"]["p99"]
+        if rules.accepted_p99_within_timeout:
+            limit_ms = profile.request_timeout_s * 1000
+            add(f"accepted p99 {p99} ms < request timeout {limit_ms:.0f} ms", p99 is not None and p99 < limit_ms)
+    return checks
+
+
+def _regressions(plan: Plan, run_id: str, options: RunOptions, targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for label, target in targets.items():
+        reference = find_reference(plan.history, plan.profile.name, label, target["mix"], options.baseline, run_id)
+        if reference is None:
+            result[label] = {
+                "reference": None,
+                "baseline": options.baseline,
+                "changes": [],
+                "lines": [],
+                "regression": False,
+            }
+            continue
+        current = {name: _compact(f) for name, f in target["summary"]["endpoints"].items()}
+        changes = compare(current, reference["figures"], options.max_p99_increase, options.max_rps_drop)
+        result[label] = {
+            "reference": reference["run_id"],
+            "baseline": options.baseline,
+            "changes": changes_to_json(changes),
+            "lines": [change.describe() for change in changes],
+            "regression": any(change.regression for change in changes),
+        }
+    return result
+
+
+def _compact(figures: dict[str, Any]) -> dict[str, Any]:
+    return {"ok": figures["ok"], "ok_rps": figures["ok_rps"], "p99": figures["latency_ms"]["p99"]}
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def _machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def write_outputs(run_dir: Path, summary: dict[str, Any], samples: dict[str, list[Sample]]) -> None:
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    (run_dir / "report.md").write_text(render_report(summary))
+    title = f"{summary['run_id']}: {summary['mix']}"
+    plot_run(run_dir / "latency.png", samples, title, summary["profile"]["warmup_s"])
+
+
+def _new_run_dir(results_dir: Path, profile: str) -> tuple[str, Path]:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_id = f"{stamp}-{profile}"
+    run_dir = results_dir / run_id
+    suffix = 1
+    while run_dir.exists():
+        suffix += 1
+        run_id = f"{stamp}-{profile}-{suffix}"
+        run_dir = results_dir / run_id
+    run_dir.mkdir(parents=True)
+    return run_id, run_dir
+
+
+def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunResult:
+    """Run every target of a checked plan and write the results."""
+    run_id, run_dir = _new_run_dir(options.results_dir, plan.profile.name)
+    created = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    (run_dir / "payloads.json").write_text(plan.payloads.to_json())
+    targets = {t.label: run_target(t, plan, run_dir, options, out) for t in plan.targets}
+    samples = {label: target.pop("_samples") for label, target in targets.items()}
+    summary: dict[str, Any] = {
+        "run_id": run_id,
+        "created": created,
+        "profile": plan.profile.to_dict(),
+        "mix": ep.format_mix(plan.mix),
+        "payload_sources": plan.payloads.sources,
+        "payload_counts": plan.payloads.counts(),
+        "git": _git_commit(),
+        "machine": _machine(),
+        "tag": options.tag,
+        "targets": targets,
+        "comparison": peer_rows(targets),
+        "checks": evaluate_checks(plan.profile, targets),
+        "regression": _regressions(plan, run_id, options, targets),
+    }
+    write_outputs(run_dir, summary, samples)
+    meta = {"git": summary["git"], "machine": summary["machine"]}
+    records = [
+        history_record(run_id, created, plan.profile.name, label, t["mix"], options.tag, t["summary"], meta)
+        for label, t in targets.items()
+    ]
+    append_history(plan.history_path, records)
+    return RunResult(_exit_code(summary), run_dir, summary)
+
+
+def _exit_code(summary: dict[str, Any]) -> int:
+    if not all(check["passed"] for check in summary["checks"]):
+        return EXIT_CHECKS
+    if any(entry["regression"] for entry in summary["regression"].values()):
+        return EXIT_REGRESSION
+    return EXIT_OK

@@ -1,0 +1,168 @@
+"""The servers a run sends load to: our service (started with `bertserve serve`, batching on or off), the naive
+peer (`python -m loadtests.naive_server`), or a service already running at `--host` / `--grpc-host`.
+
+Servers started here listen on 127.0.0.1 on free ports, log to the run folder, and are stopped with SIGTERM
+(then SIGKILL after a grace period). Readiness is polled over the wire: `GET /health/ready` (ours),
+`GET /health` (naive), the standard gRPC health service for a gRPC-only external target.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from loadtests.endpoints import Mix
+
+REPO = Path(__file__).resolve().parents[1]
+LOOPBACK = "127.0.0.1"
+
+
+class TargetStartError(RuntimeError):
+    """A server the runner started did not become ready; the message ends with its log."""
+
+
+@dataclass
+class Target:
+    """One system under test in a run."""
+
+    label: str
+    """`naive`, `ours-no-batching`, `ours-batching` or `external`."""
+    kind: str
+    """`naive`, `ours` or `external`."""
+    mix: Mix
+    batching: bool | None = None
+    command: list[str] = field(default_factory=list)
+    """How the runner starts it (empty for an external target)."""
+    http_url: str | None = None
+    grpc_target: str | None = None
+    ready_path: str = "/health/ready"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def ours_command(
+    models: list[str], batching: bool, request_timeout_s: float, extra: list[str], bundles_dir: Path | None
+) -> tuple[list[str], str, str]:
+    """(`bertserve serve ...` argv, REST URL, gRPC target) on free loopback ports."""
+    http_port, grpc_port = free_port(), free_port()
+    command = [sys.executable, "-m", "bertserve", "serve", "--models", ",".join(models), "--host", LOOPBACK]
+    command += ["--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    command += ["--batching" if batching else "--no-batching", "--request-timeout-s", str(request_timeout_s)]
+    if bundles_dir is not None:
+        command += ["--bundles-dir", str(bundles_dir)]
+    return [*command, *extra], f"http://{LOOPBACK}:{http_port}", f"{LOOPBACK}:{grpc_port}"
+
+
+def naive_command(models: dict[str, str]) -> tuple[list[str], str]:
+    """(`python -m loadtests.naive_server ...` argv, REST URL) on a free loopback port."""
+    port = free_port()
+    command = [sys.executable, "-m", "loadtests.naive_server", "--host", LOOPBACK, "--port", str(port)]
+    for task_name, model in models.items():
+        command += ["--model", f"{task_name}={model}"]
+    return command, f"http://{LOOPBACK}:{port}"
+
+
+def http_ready(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
+    """(200?, what happened) for a GET of `url`."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200, f"HTTP {response.status}"
+    except urllib.error.HTTPError as error:
+        return False, f"HTTP {error.code}"
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        return False, str(reason)
+
+
+def grpc_serving(target: str, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """(SERVING?, what happened) from the standard grpc.health.v1 service."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError as error:
+            return False, f"{error.code().name}: {error.details()}"
+    return reply.status == health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.ServingStatus.Name(
+        reply.status
+    )
+
+
+def check_external(target: Target) -> None:
+    """ValueError (before any load) when an external target does not answer its health checks."""
+    if target.http_url is not None:
+        ok, what = http_ready(target.http_url + "/health/ready")
+        if not ok:
+            raise ValueError(
+                f"--host {target.http_url} is not ready (GET /health/ready: {what}): start the service first"
+            )
+    if target.grpc_target is not None:
+        ok, what = grpc_serving(target.grpc_target)
+        if not ok:
+            raise ValueError(f"--grpc-host {target.grpc_target} is not serving (gRPC health: {what})")
+
+
+class RunningServer:
+    """A server process started for one target; a context manager that always stops it."""
+
+    def __init__(self, target: Target, log_path: Path) -> None:
+        self.target = target
+        self.log_path = log_path
+        self._log: IO[str] | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> RunningServer:
+        self._log = open(self.log_path, "w")
+        environment = {**os.environ, "BERTSERVE_LOG_LEVEL": "warning", "PYTHONPATH": str(REPO)}
+        self.process = subprocess.Popen(
+            self.target.command, cwd=REPO, env=environment, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until the health check answered 200; TargetStartError if the process died or time ran out."""
+        assert self.process is not None and self.target.http_url is not None
+        start = time.monotonic()
+        what = "no answer"
+        while time.monotonic() - start < timeout_s:
+            if self.process.poll() is not None:
+                raise TargetStartError(
+                    f"{self.target.label} exited with status {self.process.returncode} before it was ready:\n"
+                    f"{self.log_tail()}"
+                )
+            ok, what = http_ready(self.target.http_url + self.target.ready_path, timeout_s=1.0)
+            if ok:
+                return time.monotonic() - start
+            time.sleep(0.25)
+        raise TargetStartError(f"{self.target.label} not ready after {timeout_s:.0f}s ({what}):\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 15) -> str:
+        if self._log is not None:
+            self._log.flush()
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __exit__(self, *_: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._log is not None:
+            self._log.close()
