@@ -146,6 +146,7 @@ def _build_into(
     if refused and (opts.strict or not variants):
         raise AccuracyGuardError("; ".join(f"variant {k} refused: {v}" for k, v in refused.items()))
     shutil.rmtree(work)
+    tokenizer.model_max_length = max_len  # the service truncates to the bundle's limit by default
     tokenizer.save(scratch / TOKENIZER_DIR)
     manifest = BundleManifest(
         name=opts.name or default_name,

@@ -135,7 +135,7 @@ def judge(
     if precision == "fp32":
         figures["threshold"] = FP32_MAX_ABS_DIFF
         passed = figures["max_abs_diff"] <= FP32_MAX_ABS_DIFF
-        message = f"max |diff| {figures['max_abs_diff']:.3g} vs PyTorch (limit {FP32_MAX_ABS_DIFF:g})"
+        message = f"max |diff| {figures['max_abs_diff']:.3g} vs PyTorch (limit {FP32_MAX_ABS_DIFF:.0e})"
         return ParityResult(passed, figures, message)
     figures.update(task_figures(task, reference, candidate, feeds))
     metric = next(k for k in figures if k not in ("max_abs_diff", "inputs", "threshold"))

@@ -37,7 +37,8 @@ def ort_runner(path: Path, provider: str = "CPUExecutionProvider", threads: int 
     """An ONNX Runtime session over `path` on `provider` (falls back to CPU when it is not available here)."""
     import onnxruntime as ort
 
-    providers = [provider, "CPUExecutionProvider"] if provider in ort.get_available_providers() else []
+    available = ort.get_available_providers()
+    providers = list(dict.fromkeys([provider, "CPUExecutionProvider"])) if provider in available else []
     session = ort.InferenceSession(
         str(path), ort_session_options(threads), providers=providers or ["CPUExecutionProvider"]
     )

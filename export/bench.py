@@ -1,0 +1,330 @@
+"""`bench-model`: PyTorch, transformers and every exported variant, side by side in ONE process.
+
+Method: all runners are built first; each shape is then measured in interleaved rounds (every runner takes one
+turn per round, in the same order) after warm-up calls. A turn is a short idle pause (so that one runtime's
+spinning worker threads never steal the next runner's cores), one untimed call (the runner's weights back in
+cache, as in a server that runs one model back to back) and three timed calls; the figure is the median. Inputs are
+real text (WikiText-2 paragraphs, else built-in sentences) cut to exactly the sequence length: no padding.
+
+FLOPs per forward (multiply-add = 2 FLOPs), B = batch, S = length, H = hidden, I = intermediate, L = layers:
+    L · (2·B·S·(4·H² + 2·H·I)  +  4·B·S²·H)   (Q, K, V, output and feed-forward projections; QK^T and PV)
+Peak of this CPU: cores × clock × FLOP per cycle per core, from /proc/cpuinfo: with AVX-512 two 512-bit FMA
+pipes give 64 fp32 FLOP/cycle; AVX512-BF16 (VDPBF16PS) doubles that for bf16, AVX512-VNNI (VPDPBUSD) gives
+256 int8 ops/cycle. The clock is the nominal one /proc/cpuinfo reports (turbo, if any, is not counted).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bert_model.config import BertConfig
+
+SHAPES: tuple[tuple[int, int], ...] = ((1, 128), (16, 128), (1, 384))
+IDLE_PAUSE_S = 0.02
+
+
+@dataclass
+class CpuPeak:
+    cores: int
+    ghz: float
+    fp32_per_cycle: int
+    bf16_per_cycle: int
+    int8_per_cycle: int
+    flags: list[str] = field(default_factory=list)
+    model_name: str = ""
+
+    def peak(self, precision: str) -> float:
+        """Peak FLOP/s (int8: op/s) of `precision` on all cores."""
+        per_cycle = {"bf16": self.bf16_per_cycle, "int8": self.int8_per_cycle}.get(precision, self.fp32_per_cycle)
+        return self.cores * self.ghz * 1e9 * per_cycle
+
+
+def cpu_peak(cpuinfo: str | None = None, cores: int | None = None) -> CpuPeak:
+    """This CPU's theoretical peak (see the module docstring for the method)."""
+    from export.runtime import cpu_threads
+
+    text = cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo")
+    flags = set(_field(text, "flags").split())
+    mhz = float(_field(text, "cpu MHz") or 0.0)
+    vector = 64 if "avx512f" in flags else 32 if "fma" in flags else 8
+    return CpuPeak(
+        cores=cores or cpu_threads(),
+        ghz=mhz / 1000,
+        fp32_per_cycle=vector,
+        bf16_per_cycle=vector * 2 if "avx512_bf16" in flags or "amx_bf16" in flags else vector,
+        int8_per_cycle=vector * 4 if {"avx512_vnni", "avx_vnni"} & flags else vector * 2,
+        flags=sorted(flags & {"avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}),
+        model_name=_field(text, "model name"),
+    )
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _field(text: str, name: str) -> str:
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def forward_flops(config: BertConfig, batch: int, seq_len: int) -> float:
+    h, i = config.hidden_size, config.intermediate_size
+    per_layer = 2 * batch * seq_len * (4 * h * h + 2 * h * i) + 4 * batch * seq_len * seq_len * h
+    return float(config.num_hidden_layers * per_layer)
+
+
+@dataclass
+class Runner:
+    name: str
+    precision: str
+    call: Callable[[dict[str, np.ndarray]], object]
+    """Runs one forward on a feed; built per shape by `prepare`."""
+
+
+@dataclass
+class Row:
+    runner: str
+    batch: int
+    seq_len: int
+    median_ms: float
+    sequences_per_s: float
+    speedup: float
+    gflops: float
+    peak_fraction: float
+    """Achieved FLOP/s over the fp32 peak of this CPU."""
+    precision_peak_fraction: float
+    """Achieved FLOP/s over the peak of the runner's own precision (bf16, int8)."""
+
+
+def measure(
+    runners: list[Runner],
+    feed: dict[str, np.ndarray],
+    rounds: int,
+    warmup: int = 2,
+    calls_per_turn: int = 3,
+    pause: float = IDLE_PAUSE_S,
+) -> dict[str, float]:
+    """Median seconds per call of every runner on `feed`, interleaved round by round.
+
+    Each turn of a runner is an idle pause, one untimed call (its weights back into cache after the other
+    runners evicted them: a server runs one model back to back) and `calls_per_turn` timed calls.
+    """
+    for runner in runners:
+        for _ in range(warmup):
+            runner.call(feed)
+    times: dict[str, list[float]] = {runner.name: [] for runner in runners}
+    for _ in range(rounds):
+        for runner in runners:
+            time.sleep(pause)
+            runner.call(feed)
+            for _ in range(calls_per_turn):
+                start = time.perf_counter()
+                runner.call(feed)
+                times[runner.name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def rows_for_shape(
+    medians: dict[str, float], runners: list[Runner], config: BertConfig, batch: int, seq_len: int, peak: CpuPeak
+) -> list[Row]:
+    baseline = medians[runners[0].name]
+    flops = forward_flops(config, batch, seq_len)
+    rows = []
+    for runner in runners:
+        seconds = medians[runner.name]
+        achieved = flops / seconds
+        rows.append(
+            Row(
+                runner=runner.name,
+                batch=batch,
+                seq_len=seq_len,
+                median_ms=seconds * 1000,
+                sequences_per_s=batch / seconds,
+                speedup=baseline / seconds,
+                gflops=achieved / 1e9,
+                peak_fraction=achieved / peak.peak("fp32") if peak.ghz else 0.0,
+                precision_peak_fraction=achieved / peak.peak(runner.precision) if peak.ghz else 0.0,
+            )
+        )
+    return rows
+
+
+def markdown_table(rows: list[Row]) -> str:
+    lines = [
+        "| runner | batch × seq | median ms | seq/s | vs PyTorch fp32 | GFLOP/s | % fp32 peak | % own-precision peak |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.runner} | {row.batch} × {row.seq_len} | {row.median_ms:.1f} | {row.sequences_per_s:.1f} | "
+            f"{row.speedup:.2f}× | {row.gflops:.0f} | {100 * row.peak_fraction:.0f}% | "
+            f"{100 * row.precision_peak_fraction:.0f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(rows: list[Row], peak: CpuPeak, meta: dict, out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "bench-model.json"
+    md_path = out_dir / "bench-model.md"
+    json_path.write_text(json.dumps({"meta": meta, "cpu": asdict(peak), "rows": [asdict(r) for r in rows]}, indent=2))
+    header = (
+        f"Model: {meta.get('model')}. CPU: {peak.model_name}, {peak.cores} cores at {peak.ghz:.2f} GHz nominal; "
+        f"peak fp32 {peak.peak('fp32') / 1e9:.0f} GFLOP/s, bf16 {peak.peak('bf16') / 1e9:.0f}, "
+        f"int8 {peak.peak('int8') / 1e9:.0f} GOP/s (flags: {', '.join(peak.flags)}).\n\n"
+    )
+    md_path.write_text(header + markdown_table(rows))
+    return json_path, md_path
+
+
+# ---- building the runners -----------------------------------------------------------------------------------
+def torch_runners(folder: Path, task: str, threads: int) -> list[Runner]:
+    """Our PyTorch model in fp32 (the baseline, first), transformers' model in fp32, ours under bf16 autocast."""
+    import torch
+
+    from bert_model.tasks.spec import OUTPUT_NAMES
+    from export.wrapper import TASK_CLASSES
+
+    torch.set_num_threads(threads)
+    ours = TASK_CLASSES[task].from_pretrained(folder).eval()  # type: ignore[attr-defined]
+    peer = transformers_model(ours, task)
+    output = OUTPUT_NAMES[task][0]
+
+    def call(model: object, bf16: bool) -> Callable[[dict[str, np.ndarray]], object]:
+        def run(feed: dict[str, np.ndarray]) -> object:
+            tensors = {name: torch.from_numpy(value) for name, value in feed.items()}
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                return getattr(model(**tensors), output)  # type: ignore[operator]
+
+        return run
+
+    return [
+        Runner("PyTorch fp32 (ours)", "fp32", call(ours, False)),
+        Runner("transformers fp32", "fp32", call(peer, False)),
+        Runner("PyTorch bf16 autocast (ours)", "bf16", call(ours, True)),
+    ]
+
+
+def transformers_model(ours: object, task: str) -> object:
+    """The same weights in Hugging Face transformers' BERT class (its default attention), in eval mode."""
+    import transformers
+
+    classes = {
+        "classify": transformers.BertForSequenceClassification,
+        "qa": transformers.BertForQuestionAnswering,
+        "ner": transformers.BertForTokenClassification,
+        "embed": transformers.BertModel,
+    }
+    hf_config = transformers.BertConfig(**ours.config.to_hf_dict())  # type: ignore[attr-defined]
+    model = classes[task](hf_config) if task != "embed" else transformers.BertModel(hf_config, add_pooling_layer=True)
+    missing, unexpected = model.load_state_dict(ours.checkpoint_tensors(), strict=False)  # type: ignore[attr-defined]
+    if [k for k in missing if "position_ids" not in k] or unexpected:
+        raise ValueError(f"transformers model does not take our weights: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def variant_runners(bundle_dir: Path, names: list[str] | None, threads: int) -> list[Runner]:
+    from bert_model.tasks.spec import BundleManifest
+    from export.runtime import openvino_available, openvino_runner, ort_runner
+    from export.variants import OPENVINO_PROVIDER
+
+    manifest = BundleManifest.read(bundle_dir)
+    runners = []
+    for name, spec in manifest.variants.items():
+        if names is not None and name not in names:
+            continue
+        path = bundle_dir / spec.file
+        if spec.provider == OPENVINO_PROVIDER:
+            if not openvino_available():
+                continue
+            run = openvino_runner(path, spec.runtime_options, threads)
+            label = f"{name} (OpenVINO)"
+        else:
+            run = ort_runner(path, "CPUExecutionProvider", threads)
+            label = f"{name} (ONNX Runtime CPU)"
+        runners.append(Runner(label, spec.precision, run))
+    return runners
+
+
+def bench_feed(tokenizer_dir: Path, batch: int, seq_len: int, data_dir: Path | None) -> dict[str, np.ndarray]:
+    """`batch` rows of exactly `seq_len` real tokens ([CLS] text [SEP]), no padding."""
+    from bert_model.tokenization import BertTokenizer
+    from export.guard_data import BUILTIN_TEXTS
+
+    tokenizer = BertTokenizer.from_pretrained(tokenizer_dir)
+    wiki = data_dir / "wikitext-2-raw" / "wiki.valid.raw" if data_dir is not None else None
+    if wiki is not None and wiki.is_file():
+        texts = [line for line in wiki.read_text(encoding="utf-8").splitlines() if len(line) > 2500][:batch]
+    else:
+        texts = []
+    while len(texts) < batch:
+        texts.append(" ".join(BUILTIN_TEXTS[len(texts) % len(BUILTIN_TEXTS) :] * 8))
+    rows = []
+    for text in texts:
+        ids = tokenizer.backend.encode(text, add_special_tokens=False).ids
+        while len(ids) < seq_len - 2:
+            ids = ids + ids
+        rows.append([tokenizer.cls_id, *ids[: seq_len - 2], tokenizer.sep_id])
+    input_ids = np.array(rows, dtype=np.int64)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": np.ones_like(input_ids),
+        "token_type_ids": np.zeros_like(input_ids),
+    }
+
+
+def run_benchmark(
+    bundle_dir: Path,
+    out_dir: Path,
+    *,
+    shapes: tuple[tuple[int, int], ...] = SHAPES,
+    rounds: int = 20,
+    variants: list[str] | None = None,
+    data_dir: Path | None = None,
+    threads: int | None = None,
+    log: Callable[[str], None] = print,
+) -> list[Row]:
+    """Benchmark a bundle against its source PyTorch model; writes bench-model.json and .md into `out_dir`."""
+    from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
+    from export.runtime import cpu_threads
+
+    manifest = BundleManifest.read(bundle_dir)
+    folder = Path(manifest.source.get("model", ""))
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"bundle {bundle_dir} names source model {folder}, which is not a model folder")
+    threads = threads or cpu_threads()
+    config = BertConfig.load(folder)
+    runners = torch_runners(folder, manifest.task, threads) + variant_runners(bundle_dir, variants, threads)
+    peak = cpu_peak(cores=threads)
+    rows: list[Row] = []
+    for batch, seq_len in shapes:
+        feed = bench_feed(bundle_dir / TOKENIZER_DIR, batch, seq_len, data_dir)
+        shape_rounds = max(3, rounds // 3) if batch * seq_len >= 2048 else rounds
+        medians = measure(runners, feed, shape_rounds)
+        shape_rows = rows_for_shape(medians, runners, config, batch, seq_len, peak)
+        log(markdown_table(shape_rows))
+        rows.extend(shape_rows)
+    meta = {
+        "model": manifest.name,
+        "bundle": str(bundle_dir),
+        "task": manifest.task,
+        "threads": threads,
+        "rounds": rounds,
+        "method": "one process, interleaved rounds; per turn: 20 ms idle, 1 untimed + 3 timed calls; median",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_report(rows, peak, meta, out_dir)
+    return rows

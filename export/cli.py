@@ -1,0 +1,96 @@
+"""`bertserve export` and `bertserve bench-model`: the export stage's subcommands (torch is imported lazily)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bertserve.errors import exit_on_user_error
+
+DEFAULT_BENCH_OUT = Path("artifacts/bench")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export_command)
+    app.command("bench-model")(bench_model_command)
+
+
+def export_command(
+    model: Annotated[str, typer.Argument(help="Fine-tuned model folder or built-in name (minilm-sst2, ...).")],
+    out: Annotated[Path, typer.Option("--out", help="Bundle folder to write (replaced atomically).")],
+    variants: Annotated[
+        str, typer.Option(help="Comma-separated variants: cpu-fp32, cpu-int8, gpu-fp16, openvino-int8, openvino-bf16.")
+    ] = "cpu-fp32,cpu-int8,gpu-fp16,openvino-int8",
+    max_seq_len: Annotated[
+        int | None, typer.Option("--max-seq-len", help="Longest input served (default: the model's maximum).")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Model name in the manifest (default: the folder name).")] = None,
+    calibration: Annotated[
+        Path | None, typer.Option(help="Guard inputs: one text per line, a tab between a pair (default: real data).")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Real data folder (default ../shared/data) for the guards.")
+    ] = None,
+    strict: Annotated[bool, typer.Option(help="Fail when any variant is refused by its accuracy guard.")] = False,
+    triton_repo: Annotated[
+        Path | None, typer.Option("--triton-repo", help="Also write a Triton model repository here.")
+    ] = None,
+    triton_gpu: Annotated[bool, typer.Option(help="Triton model on GPU (gpu-fp16, TensorRT fp16).")] = False,
+) -> None:
+    """Export a model to a serving bundle: fused ONNX variants, accuracy-checked against PyTorch."""
+    with exit_on_user_error():
+        from export.bundle import build_bundle
+
+        result = build_bundle(
+            model,
+            out,
+            variants=variants,
+            max_seq_len=max_seq_len,
+            name=name,
+            calibration=calibration,
+            data_dir=data_dir,
+            strict=strict,
+        )
+        for variant, spec in result.manifest.variants.items():
+            figures = {k: v for k, v in spec.parity.items() if k not in ("guard_source", "inputs")}
+            typer.echo(f"{variant}: {spec.file} {spec.precision} {spec.provider} parity {figures}")
+        for variant, why in result.refused.items():
+            typer.echo(f"{variant}: refused, not written ({why})", err=True)
+        typer.echo(f"wrote {result.path} (defaults {result.manifest.default_variants})")
+        if triton_repo is not None:
+            from export.triton import TritonOptions, write_triton_repository
+
+            folder = write_triton_repository(result.path, triton_repo, TritonOptions(gpu=triton_gpu))
+            typer.echo(f"wrote Triton model {folder}")
+
+
+def bench_model_command(
+    bundle_or_model: Annotated[
+        str, typer.Argument(help="A serving bundle, or a model (a bundle with every variant is exported first).")
+    ],
+    out: Annotated[Path, typer.Option(help="Folder for bench-model.json and bench-model.md.")] = DEFAULT_BENCH_OUT,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds per shape (halved for batch 16).")] = 20,
+    variants: Annotated[str | None, typer.Option(help="Only these bundle variants (comma-separated).")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Real data folder (default ../shared/data).")] = None,
+) -> None:
+    """Benchmark PyTorch, transformers and every ONNX variant side by side (run under the CPU lock)."""
+    import tempfile
+
+    with exit_on_user_error():
+        from bert_model.tasks.spec import MANIFEST_FILE
+        from export.bench import run_benchmark
+        from export.bundle import DEFAULT_DATA_DIR, build_bundle
+        from export.variants import RECIPES
+
+        if rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {rounds}")
+        data = data_dir or DEFAULT_DATA_DIR
+        chosen = [v.strip() for v in variants.split(",")] if variants else None
+        if (Path(bundle_or_model) / MANIFEST_FILE).is_file():
+            run_benchmark(Path(bundle_or_model), out, rounds=rounds, variants=chosen, data_dir=data, log=typer.echo)
+            return
+        with tempfile.TemporaryDirectory(prefix="bench-bundle-") as scratch:
+            bundle = build_bundle(bundle_or_model, Path(scratch) / "bundle", variants=chosen or list(RECIPES))
+            run_benchmark(bundle.path, out, rounds=rounds, data_dir=data, log=typer.echo)

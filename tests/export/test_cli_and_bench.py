@@ -1,0 +1,113 @@
+"""`bertserve export` / `bench-model` through the CLI, and the benchmark's FLOP and peak arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bert_model.config import BertConfig
+from export.bench import cpu_peak, forward_flops
+from export.cli import register
+
+CPUINFO = "model name\t: Test CPU\ncpu MHz\t\t: 2500.000\nflags\t\t: fpu avx2 fma avx512f avx512_bf16 avx512_vnni\n"
+
+
+@pytest.fixture()
+def cli() -> tuple[CliRunner, object]:
+    import typer
+
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        """Test app."""
+
+    register(app)
+    return CliRunner(), app
+
+
+def test_export_command_writes_bundle_and_triton_repo(cli: tuple, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    runner, app = cli
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            str(tiny_models["classify"]),
+            "--out",
+            str(tmp_path / "b"),
+            "--variants",
+            "cpu-fp32,cpu-int8",
+            "--max-seq-len",
+            "64",
+            "--data-dir",
+            str(tmp_path),
+            "--triton-repo",
+            str(tmp_path / "repo"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "cpu-int8: cpu-int8.onnx int8" in result.output
+    assert (tmp_path / "repo" / "b" / "config.pbtxt").is_file()
+    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["max_seq_length"] == 64
+
+
+def test_export_command_user_errors_are_one_line(cli: tuple, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    runner, app = cli
+    result = runner.invoke(
+        app, ["export", str(tiny_models["classify"]), "--out", str(tmp_path / "b"), "--variants", "cpu-int4"]
+    )
+    assert result.exit_code == 2
+    assert "error: unknown variant 'cpu-int4'" in result.output
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_model_on_a_bundle(cli: tuple, tiny_bundle: Path, tmp_path: Path) -> None:
+    runner, app = cli
+    result = runner.invoke(
+        app,
+        [
+            "bench-model",
+            str(tiny_bundle),
+            "--out",
+            str(tmp_path),
+            "--rounds",
+            "1",
+            "--variants",
+            "cpu-int8",
+            "--data-dir",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "bench-model.json").read_text())
+    runners = {row["runner"] for row in report["rows"]}
+    assert runners == {
+        "PyTorch fp32 (ours)",
+        "transformers fp32",
+        "PyTorch bf16 autocast (ours)",
+        "cpu-int8 (ONNX Runtime CPU)",
+    }
+    assert {(row["batch"], row["seq_len"]) for row in report["rows"]} == {(1, 128), (16, 128), (1, 384)}
+    baseline = [r for r in report["rows"] if r["runner"] == "PyTorch fp32 (ours)"]
+    assert all(r["speedup"] == 1.0 for r in baseline)
+    assert "| PyTorch fp32 (ours) | 1 × 128 |" in (tmp_path / "bench-model.md").read_text()
+
+
+def test_forward_flops_matches_a_hand_count() -> None:
+    config = BertConfig(hidden_size=4, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    # projections: 2·B·S·(4·16 + 2·32) = 2·1·2·128 = 512; attention: 4·B·S²·H = 4·1·4·4 = 64
+    assert forward_flops(config, batch=1, seq_len=2) == 576.0
+    minilm = BertConfig(hidden_size=384, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=12)
+    assert forward_flops(minilm, 16, 128) == pytest.approx(45.9e9, rel=0.01)
+
+
+def test_cpu_peak_from_cpuinfo_flags() -> None:
+    peak = cpu_peak(CPUINFO, cores=2)
+    assert peak.model_name == "Test CPU" and peak.ghz == 2.5
+    assert peak.peak("fp32") == 2 * 2.5e9 * 64
+    assert peak.peak("bf16") == 2 * peak.peak("fp32")
+    assert peak.peak("int8") == 4 * peak.peak("fp32")
+    assert cpu_peak("flags\t: fma avx2\ncpu MHz\t: 1000\n", cores=1).peak("int8") == 1e9 * 64
