@@ -6,11 +6,15 @@ Unknown fields are rejected (a typo in an option name must not be silently ignor
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
+
+# Non-blank text. The pattern documents the rule in OpenAPI; the service checks it (with a message that says
+# which input is blank), so pydantic only checks the type here.
+Text = Annotated[StrictStr, Field(json_schema_extra={"pattern": r"\S"})]
 
 MODEL_FIELD = Field(
     None,
@@ -31,8 +35,8 @@ class _Body(BaseModel):
 class TextPair(_Body):
     """A sentence pair (entailment, paraphrase): `text` is the first segment, `text_pair` the second."""
 
-    text: StrictStr
-    text_pair: StrictStr
+    text: Text
+    text_pair: Text
 
 
 class ClassifyRequest(_Body):
@@ -48,7 +52,7 @@ class ClassifyRequest(_Body):
             ]
         },
     )
-    inputs: StrictStr | TextPair | list[StrictStr | TextPair] = Field(
+    inputs: Text | TextPair | list[Text | TextPair] = Field(
         ..., description="A text, a text pair, or a list of them (at most the server's per-request limit)."
     )
     top_k: StrictInt | None = Field(1, ge=1, description="Labels per input, best first; null = all labels.")
@@ -62,8 +66,8 @@ class LabelScore(BaseModel):
 
 
 class QAPair(_Body):
-    question: StrictStr
-    context: StrictStr
+    question: Text
+    context: Text
 
 
 class QARequest(_Body):
@@ -88,8 +92,8 @@ class QARequest(_Body):
             ]
         },
     )
-    question: StrictStr | None = Field(None, description="The question (single form).")
-    context: StrictStr | None = Field(
+    question: Text | None = Field(None, description="The question (single form).")
+    context: Text | None = Field(
         None, description="The text holding the answer; longer than one window = several doc_stride windows."
     )
     inputs: list[QAPair] | None = Field(None, description="Several {question, context} pairs (list form).")
@@ -135,7 +139,7 @@ class NERRequest(_Body):
             ]
         },
     )
-    inputs: StrictStr | list[StrictStr] = Field(..., description="A text or a list of texts.")
+    inputs: Text | list[Text] = Field(..., description="A text or a list of texts.")
     aggregation_strategy: AggregationStrategy = Field(
         "simple",
         description="none = one entry per token with its tag; simple/first/average/max group word pieces "

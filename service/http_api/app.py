@@ -196,7 +196,8 @@ def _respond(response: Response, outcome: Outcome) -> None:
 
 
 def _add_routes(app: FastAPI) -> None:
-    secured = [Depends(_require_key)]
+    # the security scheme appears in OpenAPI (and is enforced) only when the server has an API key
+    secured = [Depends(_require_key)] if app.state.settings.api_key is not None else []
 
     @app.post(
         "/classify",
