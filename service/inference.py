@@ -17,7 +17,7 @@ from typing import Any
 from service.backend import Backend
 from service.batcher import BatchConfig, Batcher
 from service.bundles import ServingBundle, find_bundles, open_bundle
-from service.errors import InvalidInput, NotReady, ServiceError, UnknownModel
+from service.errors import BackendUnavailable, InvalidInput, NotReady, ServiceError, UnknownModel
 from service.metrics import ServiceMetrics
 from service.pipelines import (
     AGGREGATION_STRATEGIES,
@@ -134,7 +134,7 @@ class InferenceService:
 
     async def _start_model(self, bundle: ServingBundle) -> LoadedModel:
         backend = self._make_backend(bundle)
-        await backend.start()
+        await self._start_backend(backend, bundle.name)
         pipeline = make_pipeline(bundle)
         settings = self.settings
         config = BatchConfig(
@@ -156,6 +156,21 @@ class InferenceService:
         )
         await batcher.start()
         return LoadedModel(bundle=bundle, pipeline=pipeline, backend=backend, batcher=batcher)
+
+    async def _start_backend(self, backend: Backend, name: str) -> None:
+        """Start a backend, retrying while it is unavailable (Triton still loading) for `backend_wait_s`."""
+        deadline = time.monotonic() + self.settings.backend_wait_s
+        delay = 0.5
+        while True:
+            try:
+                await backend.start()
+                return
+            except BackendUnavailable as error:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("backend not available yet, retrying", extra={"model": name, "error": error.message})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def _make_backend(self, bundle: ServingBundle) -> Backend:
         settings = self.settings

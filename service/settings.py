@@ -65,6 +65,9 @@ class ServiceSettings(BaseSettings):
     # ---- Triton -------------------------------------------------------------------------------
     triton_url: str = Field(default="localhost:8001", description="Triton gRPC endpoint host:port.")
     triton_model_prefix: str = Field(default="", description="Prefix of model names in the Triton repository.")
+    backend_wait_s: float = Field(
+        default=120.0, ge=0, description="How long startup waits for an unavailable backend (Triton starting)."
+    )
     triton_batching: bool = Field(
         default=True, description="Triton batches itself: our batcher passes requests through."
     )

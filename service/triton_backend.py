@@ -17,7 +17,7 @@ import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
-from service.errors import BackendError, BackendUnavailable
+from service.errors import BackendError, BackendUnavailable, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,8 @@ class TritonBackend:
             result = await self._client.infer(self.model_name, request, outputs=outputs, client_timeout=self._timeout)
         except InferenceServerException as error:
             status = str(error.status())
+            if "queue size" in (error.message() or ""):  # Triton's bounded queue rejected it: shed load
+                raise Overloaded(f"Triton's queue for {self.model_name!r} is full; retry later") from error
             if any(code in status for code in UNAVAILABLE_STATUSES):
                 raise BackendUnavailable(f"Triton at {self.url} is unavailable: {error.message()}") from error
             raise BackendError(

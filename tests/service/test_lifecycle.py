@@ -150,6 +150,10 @@ def test_api_key_and_cors(tiny_bundles: dict[str, Path], tmp_path: Path) -> None
         ok = httpx.post(server.url + "/classify", json=body, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert httpx.get(server.url + "/metrics").status_code == 200
+        # the compose healthcheck command, run without Docker
+        check = [sys.executable, "-m", "service.healthcheck"]
+        assert subprocess.run([*check, server.url + "/health/ready"], cwd=REPO, timeout=30).returncode == 0
+        assert subprocess.run([*check, "http://127.0.0.1:9/health/ready"], cwd=REPO, timeout=30).returncode == 1
         preflight = httpx.options(
             server.url + "/classify",
             headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
