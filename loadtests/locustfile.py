@@ -54,6 +54,10 @@ def _configure(environment: Any, **_: Any) -> None:
     loaded = Payloads.from_json(Path(CONFIG["payloads_path"]).read_text())
     PAYLOADS.classify, PAYLOADS.qa, PAYLOADS.ner = loaded.classify, loaded.qa, loaded.ner
     RestUser.network_timeout = RestUser.connection_timeout = float(CONFIG["client_timeout_s"])
+    for user_class in (RestUser, GrpcUser):  # users split between protocols as the mix weights say
+        user_class.weight = max(
+            1, sum(w for n, w in CONFIG["mix"].items() if ENDPOINTS[n].protocol == user_class.protocol)
+        )
 
 
 @events.test_start.add_listener

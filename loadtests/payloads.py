@@ -115,7 +115,7 @@ def _read_all(path: Path) -> str:
     except (UnicodeDecodeError, OSError, EOFError) as error:
         if isinstance(error, FileNotFoundError | PermissionError):
             raise
-        raise ValueError(f"data file {path} cannot be read as UTF-8 text: {error}") from None
+        raise ValueError(f"data file {path} cannot be read as UTF-8 text (gzip when named .gz): {error}") from None
 
 
 def read_sentences(path: Path) -> list[str]:

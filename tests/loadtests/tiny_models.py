@@ -11,6 +11,7 @@ tests themselves do not.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest, VariantSpec, dynamic_axes
@@ -54,7 +55,8 @@ def build_tiny_classifier(out_dir: Path, name: str = "tiny-sst2") -> tuple[Path,
     bundle.mkdir(parents=True, exist_ok=True)
     example = tokenizer(["hello world", "a slightly longer example sentence"])
     args = tuple(torch.from_numpy(example[n]) for n in INPUT_NAMES)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer notes
         torch.onnx.export(
             Logits().eval(),
             args,

@@ -1,0 +1,110 @@
+"""Invalid runner input fails with one clear line before any load is sent (nothing connects, nothing written)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loadtests.runner import RunOptions, plan_run
+from loadtests.targets import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class CountingListener:
+    """A TCP socket on 127.0.0.1 that counts connections (and answers nothing)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                connection, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            connection.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def listener() -> Iterator[CountingListener]:
+    counting = CountingListener()
+    yield counting
+    counting.close()
+
+
+def _options(tmp_path: Path, **overrides: object) -> RunOptions:
+    return RunOptions(results_dir=tmp_path / "results", **overrides)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [
+        ({"profile": "nope"}, ValueError, "unknown profile 'nope'"),
+        ({"mix": "/translate"}, ValueError, "unknown endpoint '/translate'"),
+        ({"host": "http://10.0.0.7:8000"}, ValueError, "not on this machine"),
+        ({"host": "http://example.com"}, ValueError, "not on this machine"),
+        ({"mix": "QA.Extract", "grpc_host": "192.168.0.3:50051"}, ValueError, "not on this machine"),
+        ({"mix": "QA.Extract", "host": "http://127.0.0.1:8000"}, ValueError, "give --grpc-host"),
+        ({"peers": True, "host": "http://127.0.0.1:8000"}, ValueError, "drop --host"),
+        ({"sst2": Path("/nonexistent/sst2.tsv")}, FileNotFoundError, "does not exist"),
+        ({"baseline": "v1"}, ValueError, "baseline 'v1' is neither a tag nor a run id"),
+        ({"max_rps_drop": 1.5}, ValueError, "--max-rps-drop"),
+        ({"models": "summarize=x"}, ValueError, "not TASK=MODEL"),
+        ({"duration_s": 0.5}, ValueError, "warm-up"),
+    ],
+)
+def test_bad_input_is_refused(tmp_path: Path, overrides: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        plan_run(_options(tmp_path, **overrides))
+    assert not (tmp_path / "results").exists()
+
+
+def test_unreachable_host_is_refused(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    with pytest.raises(ValueError, match=rf"--host http://127.0.0.1:{port} is not ready .*start the service"):
+        plan_run(_options(tmp_path, host=f"http://127.0.0.1:{port}", mix="/classify"))
+    with pytest.raises(ValueError, match=f"--grpc-host 127.0.0.1:{port} is not serving"):
+        plan_run(_options(tmp_path, grpc_host=f"127.0.0.1:{port}", mix="QA.Extract"))
+
+
+def test_cli_one_line_error_and_no_connection(tmp_path: Path, listener: CountingListener) -> None:
+    """A bad data file with a live host: exit 2, one line, and the host never saw a connection."""
+    bad = tmp_path / "broken.json"
+    bad.write_text("{")
+    command = [
+        sys.executable, "-m", "bertserve", "loadtest", "--host", f"http://127.0.0.1:{listener.port}",
+        "--mix", "/qa", "--squad", str(bad), "--results-dir", str(tmp_path / "results"),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {bad} is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    ]
+    assert listener.connections == 0
+    assert not (tmp_path / "results").exists()
+    unknown = subprocess.run(
+        [sys.executable, "-m", "bertserve", "loadtest", "--profile", "soak"], cwd=REPO, capture_output=True, text=True
+    )
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == "error: unknown profile 'soak'; choose one of smoke, steady, ramp, overload"
