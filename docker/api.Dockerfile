@@ -18,10 +18,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PYTHONPATH=/
     BERTSERVE_BUNDLES_DIR=/models BERTSERVE_HOST=0.0.0.0 BERTSERVE_HTTP_PORT=8000 BERTSERVE_GRPC_PORT=50051
 WORKDIR /app
 
-# 1. dependencies: the project's base dependencies (serving) + the otel extra, read from pyproject.toml
+# 1. dependencies: the base dependencies (serving) + the otel and openvino extras, read from pyproject.toml
 COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['otel']))" > /tmp/requirements.txt \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['otel'] + p['optional-dependencies']['openvino']))" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && if [ -n "$ORT_PACKAGE" ]; then pip uninstall -y onnxruntime && pip install "$ORT_PACKAGE"; fi \
  && python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)"

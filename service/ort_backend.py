@@ -1,7 +1,10 @@
-"""ONNX Runtime in-process backend: picks the bundle variant for the hardware, runs batches off the event loop.
+"""In-process backend: ONNX Runtime (or OpenVINO for OpenVINO variants); picks the variant for the hardware and
+runs batches off the event loop.
 
 Variant choice: an explicit `variant` wins; otherwise the manifest's `default_variants["gpu"]` when CUDA is
-available (and asked for), else `default_variants["cpu"]`, else the first variant built for that provider.
+available (and asked for), else `default_variants["cpu"]`, else the best CPU variant this process can run.
+OpenVINO variants (the export step's fastest CPU graphs) run on the OpenVINO runtime when the optional
+`openvino` extra is installed; without it the next ONNX Runtime variant is served.
 On CUDA, inputs and outputs go through IO binding (outputs allocated by ORT on the device, copied back once)
 so fp16 graphs with fp32 I/O run without extra host copies of intermediates.
 Thread settings (intra-/inter-op) are exposed because a CPU server shares cores with its own event loop.
@@ -11,9 +14,12 @@ Reference: https://onnxruntime.ai/docs/performance/tune-performance/ , .../api/p
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -25,32 +31,59 @@ log = logging.getLogger(__name__)
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+OPENVINO = "OpenVINO"
+"""A variant whose graph runs on the OpenVINO runtime (optional `openvino` extra), not ONNX Runtime."""
+PRECISION_PREFERENCE = ("int8", "bf16", "fp16", "fp32")
 
 
 def cuda_available() -> bool:
     return CUDA in ort.get_available_providers()
 
 
+def openvino_available() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
+def runnable(provider: str) -> bool:
+    """Whether this process can run a graph built for `provider`."""
+    if provider == CUDA:
+        return cuda_available()
+    if provider == OPENVINO:
+        return openvino_available()
+    return provider == CPU
+
+
 def choose_variant(manifest: BundleManifest, device: str = "auto", forced: str | None = None) -> tuple[str, str]:
-    """(variant name, provider) for this machine; raises ValueError naming the choices if impossible."""
+    """(variant name, provider) for this machine; raises ValueError naming the choices if impossible.
+
+    Order: a forced variant; on GPU the manifest's gpu default; the manifest's cpu default; then any CPU
+    variant this process can run, OpenVINO first, lower precision first.
+    """
     if forced is not None:
         if forced not in manifest.variants:
             raise ValueError(f"bundle {manifest.name!r} has no variant {forced!r}; it has {sorted(manifest.variants)}")
-        spec = manifest.variants[forced]
-        if spec.provider == CUDA and not cuda_available():
-            raise ValueError(f"variant {forced!r} needs CUDA, which this ONNX Runtime build does not offer")
-        return forced, spec.provider
-    use_gpu = device == "cuda" or (device == "auto" and cuda_available())
+        provider = manifest.variants[forced].provider
+        if not runnable(provider):
+            raise ValueError(f"variant {forced!r} needs {provider}, which this process cannot run")
+        return forced, provider
     if device == "cuda" and not cuda_available():
         raise ValueError("device cuda was asked for, but this ONNX Runtime has no CUDAExecutionProvider")
-    for hardware, provider in (("gpu", CUDA), ("cpu", CPU)) if use_gpu else (("cpu", CPU),):
-        name = manifest.default_variants.get(hardware)
-        if name is not None:
+    use_gpu = device == "cuda" or (device == "auto" and cuda_available())
+    preferred = [manifest.default_variants.get("gpu")] if use_gpu else []
+    preferred.append(manifest.default_variants.get("cpu"))
+    for name in preferred:
+        if name is not None and runnable(manifest.variants[name].provider):
             return name, manifest.variants[name].provider
-        for candidate, spec in manifest.variants.items():
-            if spec.provider == provider:
-                return candidate, provider
-    raise ValueError(f"bundle {manifest.name!r} has no variant for this hardware: {sorted(manifest.variants)}")
+    cpu = [(name, spec) for name, spec in manifest.variants.items() if spec.provider in (CPU, OPENVINO)]
+    cpu.sort(key=lambda item: (item[1].provider != OPENVINO, _rank(item[1].precision)))
+    for name, spec in cpu:
+        if runnable(spec.provider):
+            return name, spec.provider
+    raise ValueError(f"bundle {manifest.name!r} has no variant this process can run: {sorted(manifest.variants)}")
+
+
+def _rank(precision: str) -> int:
+    return PRECISION_PREFERENCE.index(precision) if precision in PRECISION_PREFERENCE else len(PRECISION_PREFERENCE)
 
 
 class OrtBackend:
@@ -78,7 +111,43 @@ class OrtBackend:
         self._inter = inter_op_threads
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ort-{manifest.name}")
         self._session: ort.InferenceSession | None = None
+        self._compiled: Any = None  # an OpenVINO CompiledModel for OpenVINO variants
+        self._local = threading.local()
+        self._output_ports: dict[str, Any] = {}
+        self.kind = "openvino" if self.provider == OPENVINO else "ort"
         self._input_names: list[str] = []
+
+    def _load(self) -> None:
+        if self.provider == OPENVINO:
+            self._compile_openvino()
+        else:
+            self._session = self._create_session()
+
+    def _compile_openvino(self) -> None:
+        import openvino as ov
+
+        spec = self.manifest.variants[self.variant]
+        config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
+        if self._intra:
+            config["INFERENCE_NUM_THREADS"] = self._intra
+        config.update(spec.runtime_options)
+        compiled = ov.Core().compile_model(str(self.bundle_dir / spec.file), "CPU", config)
+        inputs = {node.get_any_name() for node in compiled.inputs}
+        self._input_names = [name for name in INPUT_NAMES if name in inputs]
+        # an output tensor may carry several names; find each contract name among them
+        ports = {name: port for port in compiled.outputs for name in port.get_names()}
+        absent = [name for name in self.output_names if name not in ports]
+        if absent:
+            raise ValueError(f"{spec.file} lacks the outputs {absent} of a {self.manifest.task} bundle")
+        self._output_ports = {name: ports[name] for name in self.output_names}
+        self._compiled = compiled
+
+    def _run_openvino(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        request = getattr(self._local, "request", None)
+        if request is None:  # one infer request per worker thread
+            request = self._local.request = self._compiled.create_infer_request()
+        result = request.infer(feed)
+        return {name: np.array(result[port]) for name, port in self._output_ports.items()}
 
     def _create_session(self) -> ort.InferenceSession:
         options = ort.SessionOptions()
@@ -102,15 +171,16 @@ class OrtBackend:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        session = await loop.run_in_executor(self._executor, self._create_session)
-        self._session = session
-        log.info("loaded %s variant %s on %s", self.manifest.name, self.variant, session.get_providers()[0])
+        await loop.run_in_executor(self._executor, self._load)
+        log.info("loaded %s variant %s on %s", self.manifest.name, self.variant, self.provider)
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {name: np.ascontiguousarray(inputs[name], dtype=np.int64) for name in self._input_names}
+        if self._compiled is not None:
+            return self._run_openvino(feed)
         session = self._session
         if session is None:
             raise BackendUnavailable(f"model {self.manifest.name!r} is not loaded")
-        feed = {name: np.ascontiguousarray(inputs[name], dtype=np.int64) for name in self._input_names}
         if self.provider == CUDA:
             return self._run_io_binding(session, feed)
         values = session.run(self.output_names, feed)
@@ -141,4 +211,5 @@ class OrtBackend:
 
     async def close(self) -> None:
         self._session = None
+        self._compiled = None
         self._executor.shutdown(wait=True, cancel_futures=False)

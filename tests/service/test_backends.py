@@ -1,0 +1,113 @@
+"""Variant choice and the in-process backends (ONNX Runtime, OpenVINO) on a tiny bundle, without a server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bert_model.tasks.spec import BundleManifest, VariantSpec
+from service import ort_backend
+from service.ort_backend import OrtBackend, choose_variant
+
+
+def manifest(variants: dict[str, tuple[str, str]], defaults: dict[str, str]) -> BundleManifest:
+    return BundleManifest(
+        name="m",
+        task="classify",
+        max_seq_length=64,
+        labels=["a", "b"],
+        variants={
+            name: VariantSpec(f"{name}.onnx", provider, precision) for name, (provider, precision) in variants.items()
+        },
+        default_variants=defaults,
+    )
+
+
+FULL = {
+    "cpu-fp32": ("CPUExecutionProvider", "fp32"),
+    "cpu-int8": ("CPUExecutionProvider", "int8"),
+    "gpu-fp16": ("CUDAExecutionProvider", "fp16"),
+    "openvino-int8": ("OpenVINO", "int8"),
+}
+
+
+def test_variant_choice_follows_hardware_and_runtimes(monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = manifest(FULL, {"cpu": "openvino-int8", "gpu": "gpu-fp16"})
+    monkeypatch.setattr(ort_backend, "cuda_available", lambda: False)
+    monkeypatch.setattr(ort_backend, "openvino_available", lambda: True)
+    assert choose_variant(bundle) == ("openvino-int8", "OpenVINO")
+    monkeypatch.setattr(ort_backend, "openvino_available", lambda: False)
+    assert choose_variant(bundle) == ("cpu-int8", "CPUExecutionProvider")  # next best that ORT runs
+    assert choose_variant(bundle, forced="cpu-fp32") == ("cpu-fp32", "CPUExecutionProvider")
+    with pytest.raises(ValueError, match="needs CUDAExecutionProvider"):
+        choose_variant(bundle, forced="gpu-fp16")
+    with pytest.raises(ValueError, match="no variant 'nope'"):
+        choose_variant(bundle, forced="nope")
+    with pytest.raises(ValueError, match="device cuda"):
+        choose_variant(bundle, device="cuda")
+    monkeypatch.setattr(ort_backend, "cuda_available", lambda: True)
+    assert choose_variant(bundle) == ("gpu-fp16", "CUDAExecutionProvider")
+    assert choose_variant(bundle, device="cpu") == ("cpu-int8", "CPUExecutionProvider")
+    gpu_only = manifest({"gpu-fp16": FULL["gpu-fp16"]}, {"gpu": "gpu-fp16"})
+    monkeypatch.setattr(ort_backend, "cuda_available", lambda: False)
+    with pytest.raises(ValueError, match="no variant this process can run"):
+        choose_variant(gpu_only)
+
+
+def _with_openvino_variant(bundle: Path, tmp_path: Path) -> Path:
+    """A copy of a tiny bundle whose ONNX graph is also declared as an OpenVINO variant."""
+    import shutil
+
+    copy = tmp_path / bundle.name
+    shutil.copytree(bundle, copy)
+    data = json.loads((copy / "manifest.json").read_text())
+    data["variants"]["openvino-fp32"] = {"file": "cpu-fp32.onnx", "provider": "OpenVINO", "precision": "fp32"}
+    (copy / "manifest.json").write_text(json.dumps(data))
+    return copy
+
+
+@pytest.mark.parametrize("task", ["classify", "ner"])
+def test_openvino_and_onnxruntime_agree(tiny_bundles: dict[str, Path], tmp_path: Path, task: str) -> None:
+    pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
+    folder = _with_openvino_variant(tiny_bundles[task], tmp_path)
+    bundle = BundleManifest.read(folder)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 5000, size=(3, 17)).astype(np.int64)
+    inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+    async def run(variant: str) -> tuple[str, dict[str, np.ndarray]]:
+        backend = OrtBackend(folder, bundle, variant=variant)
+        await backend.start()
+        try:
+            return backend.kind, await backend.infer(inputs)
+        finally:
+            await backend.close()
+
+    kind_ov, openvino = asyncio.run(run("openvino-fp32"))
+    kind_ort, onnxruntime = asyncio.run(run("cpu-fp32"))
+    assert (kind_ov, kind_ort) == ("openvino", "ort")
+    for name, value in onnxruntime.items():
+        np.testing.assert_allclose(openvino[name], value, atol=2e-2)  # OpenVINO computes in bf16 on AMX CPUs
+
+
+def test_backend_errors_are_domain_errors(tiny_bundles: dict[str, Path]) -> None:
+    from service.errors import BackendError
+
+    folder = tiny_bundles["classify"]
+    bundle = BundleManifest.read(folder)
+
+    async def go() -> None:
+        backend = OrtBackend(folder, bundle)
+        await backend.start()
+        try:
+            with pytest.raises(BackendError, match="ONNX Runtime failed"):
+                bad = np.full((1, 4), 10**9, dtype=np.int64)  # ids far outside the vocabulary
+                await backend.infer({"input_ids": bad, "attention_mask": np.ones_like(bad), "token_type_ids": bad})
+        finally:
+            await backend.close()
+
+    asyncio.run(go())
