@@ -93,3 +93,12 @@ bundles: install
 # PyTorch vs transformers vs every ONNX variant, one process (artifacts/bench/bench-model.{json,md}).
 bench: install
 	$(CPU_LOCK) $(VENV)/bin/bertserve bench-model $(BENCH_MODEL) --out artifacts/bench $(BENCH_ARGS)
+
+# ---- load tests (issue 7) ---------------------------------------------------------------------------
+.PHONY: loadtest
+LOADTEST_PROFILE ?= smoke
+# make loadtest [LOADTEST_PROFILE=steady|ramp|overload] [LOADTEST_ARGS="--peers --mix /classify --sst2 FILE"]
+# Results in loadtests/results/<timestamp>-<profile>/; exit 3 on a regression, 4 on a failed check.
+loadtest: install proto
+	@for name in $(DEFAULT_BUNDLES); do test -f $(BUNDLES_DIR)/$$name/manifest.json || { $(MAKE) bundles && break; }; done
+	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile $(LOADTEST_PROFILE) $(LOADTEST_ARGS)

