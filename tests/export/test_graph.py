@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 import torch
 
 from bert_model.config import BertConfig
@@ -81,7 +80,6 @@ def test_minilm_fuses_six_layers(tmp_path: Path) -> None:
     assert fused_op_counts(onnx.load(str(fused)))["nodes"] < 60
 
 
-@pytest.mark.slow
 def test_bert_base_shaped_config_fuses_twelve_layers(tmp_path: Path) -> None:
     config = BertConfig(vocab_size=1000).with_labels(["a", "b"])  # BERT-base shape, random weights, small vocab
     model = BertForSequenceClassification(config).eval()

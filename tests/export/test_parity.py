@@ -74,6 +74,11 @@ def test_every_variant_within_its_guard_on_real_text(minilm_bundle: Path) -> Non
         if name in manifest.variants:
             assert manifest.variants[name].parity["label_agreement"] >= 0.99, name
     assert manifest.default_variants["gpu"] == "gpu-fp16"
+    if "openvino-int8" in manifest.variants:
+        assert manifest.default_variants["cpu"] == "openvino-int8"
+        assert manifest.default_variants["cpu-onnxruntime"] == "cpu-int8"
+        assert manifest.variants["openvino-int8"].provider == "OpenVINO"
+        assert manifest.variants["openvino-int8"].runtime_options["INFERENCE_PRECISION_HINT"] == "bf16"
 
 
 @pytest.fixture(scope="module")
