@@ -1,0 +1,39 @@
+"""Load tests talk to the service only over the wire, and the runner never loads locust (gevent patches)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LOADTESTS = REPO / "loadtests"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_no_module_imports_the_service() -> None:
+    offenders = {
+        path.name: sorted(name for name in _imported_modules(path) if name.split(".")[0] in ("service", "export"))
+        for path in LOADTESTS.glob("*.py")
+    }
+    assert not {name: found for name, found in offenders.items() if found}
+
+
+def test_runner_and_cli_import_no_locust_torch_or_service() -> None:
+    code = (
+        "import sys; import bertserve.cli as c; c.build_app(); import loadtests.runner, loadtests.cli; "
+        "print(sorted(m for m in ('locust', 'gevent', 'torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
