@@ -46,7 +46,12 @@ class ServiceSettings(BaseSettings):
     batching: bool = Field(default=True, description="Dynamic batching across requests; off = one feature per call.")
     max_batch_size: int = Field(default=32, ge=1, description="Most features (sequences) in one backend call.")
     max_batch_tokens: int = Field(default=16384, ge=8, description="Token budget of one call: rows x padded length.")
-    max_wait_ms: float = Field(default=2.0, ge=0, description="Longest a batch waits for more requests to fill it.")
+    max_wait_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="Longest a batch waits for more requests to fill it. 0 = never wait: batches form from the "
+        "requests that arrive while the backend is busy (measured: lowest latency at low load, no loss under load).",
+    )
     max_queue: int = Field(default=512, ge=1, description="Features waiting per model; beyond it requests get 429.")
     max_concurrent_batches: int = Field(default=1, ge=1, description="Backend calls in flight per model.")
     request_timeout_s: float = Field(default=30.0, gt=0, description="Per-request deadline (504 / DEADLINE_EXCEEDED).")

@@ -1,0 +1,249 @@
+"""Service benchmark: overhead at low load, and throughput at N concurrent clients with batching on vs off.
+
+    python -m service.bench [--models artifacts/bundles/minilm-sst2] [--concurrency 32] [--duration 20]
+    make bench-service            # the same, under the shared CPU lock
+
+Starts the real server (`bertserve serve`, a subprocess) once per mode on free local ports, and drives it over
+HTTP (httpx) and gRPC (generated stubs) from this process:
+- overhead: sequential single-text /classify (and Classifier.Classify) calls; per call, end-to-end latency
+  minus the backend's own time (the `x-inference-time-ms` header / trailing metadata); reports p50s;
+- throughput: `--concurrency` clients in closed loops for `--duration` seconds, batching on, then off
+  (`--no-batching`: one sequence per backend call); requests/s, p50/p99 latency, mean batch size.
+Texts are SST-2 dev sentences from ../shared/data when present, else built-in sentences. Torch-free.
+Results: a JSON file and a Markdown table (default artifacts/bench/service.{json,md}).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SST2_DEV = REPO.parent / "shared" / "data" / "sst2" / "dev.half-a.tsv"
+FALLBACK_TEXTS = [
+    "a gripping, beautifully acted film",
+    "the plot is thin and the jokes fall flat",
+    "an unexpectedly moving portrait of a family",
+    "i would not recommend it to anyone",
+    "a tedious, overlong mess",
+    "one of the best films of the year",
+]
+
+
+def load_texts() -> list[str]:
+    if SST2_DEV.is_file():
+        rows = SST2_DEV.read_text(encoding="utf-8").splitlines()[1:]
+        return [row.split("\t")[0] for row in rows if row.strip()]
+    return FALLBACK_TEXTS
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    """`bertserve serve` in a subprocess on free ports."""
+
+    def __init__(self, models: str, extra: list[str], log: Path) -> None:
+        self.http_port, self.grpc_port = free_port(), free_port()
+        command = [sys.executable, "-m", "bertserve", "serve", "--models", models, "--host", "127.0.0.1"]
+        command += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *extra]
+        env = {**os.environ, "BERTSERVE_LOG_LEVEL": "warning"}
+        self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{self.http_port}"
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.process.returncode}; see {self._log.name}")
+            try:
+                if httpx.get(self.url + "/health/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"the server was not ready after {timeout}s; see {self._log.name}")
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        values: dict[str, float] = {}
+        for name in ("bertserve_batch_size_sum", "bertserve_batch_size_count"):
+            values[name] = sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE))
+        return values
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(60)
+        self._log.close()
+        return code
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def measure_overhead(server: Server, texts: list[str], requests: int) -> dict[str, float]:
+    """Sequential calls: p50 of end-to-end latency, of backend time, and of their difference (REST, gRPC)."""
+    import grpc
+
+    from service.grpc_api.stubs import bert_pb2 as pb
+    from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
+
+    rest_total, rest_backend, grpc_total, grpc_backend = [], [], [], []
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for index in range(requests + 10):
+            start = time.perf_counter()
+            response = client.post("/classify", json={"inputs": texts[index % len(texts)]})
+            elapsed = (time.perf_counter() - start) * 1000
+            response.raise_for_status()
+            if index >= 10:  # warm connections first
+                rest_total.append(elapsed)
+                rest_backend.append(float(response.headers["x-inference-time-ms"]))
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = pb_grpc.ClassifierStub(channel)
+        for index in range(requests + 10):
+            request = pb.ClassifyRequest(inputs=[pb.TextInput(text=texts[index % len(texts)])])
+            start = time.perf_counter()
+            _, call = stub.Classify.with_call(request, timeout=30)
+            elapsed = (time.perf_counter() - start) * 1000
+            if index >= 10:
+                grpc_total.append(elapsed)
+                grpc_backend.append(float(dict(call.trailing_metadata())["x-inference-time-ms"]))
+    rest_over = [t - b for t, b in zip(rest_total, rest_backend, strict=True)]
+    grpc_over = [t - b for t, b in zip(grpc_total, grpc_backend, strict=True)]
+    return {
+        "requests": requests,
+        "rest_p50_ms": percentile(rest_total, 50),
+        "rest_backend_p50_ms": percentile(rest_backend, 50),
+        "rest_overhead_p50_ms": percentile(rest_over, 50),
+        "grpc_p50_ms": percentile(grpc_total, 50),
+        "grpc_backend_p50_ms": percentile(grpc_backend, 50),
+        "grpc_overhead_p50_ms": percentile(grpc_over, 50),
+    }
+
+
+async def _closed_loop(url: str, texts: list[str], concurrency: int, duration: float) -> dict[str, Any]:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    stop_at = time.perf_counter() + duration
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+
+        async def user(offset: int) -> None:
+            index = offset
+            while time.perf_counter() < stop_at:
+                start = time.perf_counter()
+                response = await client.post("/classify", json={"inputs": texts[index % len(texts)]})
+                latencies.append((time.perf_counter() - start) * 1000)
+                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                index += concurrency
+
+        started = time.perf_counter()
+        await asyncio.gather(*(user(i) for i in range(concurrency)))
+        wall = time.perf_counter() - started
+    return {
+        "requests": len(latencies),
+        "requests_per_s": len(latencies) / wall,
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+    }
+
+
+def measure_throughput(server: Server, texts: list[str], concurrency: int, duration: float) -> dict[str, Any]:
+    asyncio.run(_closed_loop(server.url, texts, concurrency, min(3.0, duration)))  # warm-up
+    before = server.metrics()
+    result = asyncio.run(_closed_loop(server.url, texts, concurrency, duration))
+    after = server.metrics()
+    calls = after["bertserve_batch_size_count"] - before["bertserve_batch_size_count"]
+    rows = after["bertserve_batch_size_sum"] - before["bertserve_batch_size_sum"]
+    result.update(backend_calls=int(calls), mean_batch_size=rows / calls if calls else 0.0)
+    return result
+
+
+def run(models: str, concurrency: int, duration: float, requests: int, workdir: Path) -> dict[str, Any]:
+    texts = load_texts()
+    report: dict[str, Any] = {
+        "models": models,
+        "concurrency": concurrency,
+        "duration_s": duration,
+        "texts": "sst2/dev.half-a.tsv" if SST2_DEV.is_file() else "built-in",
+        "cpu_count": os.cpu_count(),
+    }
+    for mode, extra in (("batching_on", ["--batching"]), ("batching_off", ["--no-batching"])):
+        server = Server(models, extra, workdir / f"server-{mode}.log")
+        try:
+            server.wait_ready()
+            if mode == "batching_on":
+                report["low_load"] = measure_overhead(server, texts, requests)
+            report[mode] = measure_throughput(server, texts, concurrency, duration)
+        finally:
+            report[f"{mode}_exit_code"] = server.stop()
+    on, off = report["batching_on"], report["batching_off"]
+    report["throughput_gain"] = on["requests_per_s"] / off["requests_per_s"] if off["requests_per_s"] else None
+    return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+    low, on, off = report["low_load"], report["batching_on"], report["batching_off"]
+    lines = [
+        f"Service benchmark: {report['models']}, {report['cpu_count']} CPUs, texts: {report['texts']}",
+        "",
+        "| low load (sequential) | end-to-end p50 ms | backend p50 ms | overhead p50 ms |",
+        "|---|---|---|---|",
+        *(
+            f"| {label} | {low[f'{key}_p50_ms']:.2f} | {low[f'{key}_backend_p50_ms']:.2f} "
+            f"| {low[f'{key}_overhead_p50_ms']:.2f} |"
+            for label, key in (("REST /classify", "rest"), ("gRPC Classify", "grpc"))
+        ),
+        "",
+        f"| {report['concurrency']} clients, {report['duration_s']:.0f} s | req/s | p50 ms | p99 ms | backend calls "
+        "| mean batch |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in (("batching on", on), ("batching off", off)):
+        lines.append(
+            f"| {name} | {row['requests_per_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+            f"{row['backend_calls']} | {row['mean_batch_size']:.2f} |"
+        )
+    lines.append("")
+    lines.append(f"Throughput gain from batching: {report['throughput_gain']:.2f}x")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="artifacts/bundles/minilm-sst2", help="Bundle(s) to serve (--models).")
+    parser.add_argument("--concurrency", type=int, default=32, help="Concurrent clients in the throughput runs.")
+    parser.add_argument("--duration", type=float, default=20.0, help="Seconds per throughput run.")
+    parser.add_argument("--requests", type=int, default=200, help="Sequential requests for the overhead figure.")
+    parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="Folder for service.{json,md}.")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = run(args.models, args.concurrency, args.duration, args.requests, args.out)
+    (args.out / "service.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (args.out / "service.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
