@@ -152,12 +152,14 @@ class _MixUser(User):
     @task
     def call(self) -> None:
         endpoint = self.rng.choices(self.endpoints, self.weights)[0]
-        self.send(endpoint)
+        if self.send(endpoint) and CONFIG.get("reject_backoff_s"):
+            gevent.sleep(float(CONFIG["reject_backoff_s"]))
 
     def payload(self, task_name: str) -> Any:
         return self.rng.choice(getattr(PAYLOADS, task_name))
 
-    def send(self, endpoint: Endpoint) -> None:
+    def send(self, endpoint: Endpoint) -> bool:
+        """Send one call; True when the server rejected it (429 / RESOURCE_EXHAUSTED)."""
         raise NotImplementedError
 
 
@@ -182,7 +184,7 @@ class RestUser(FastHttpUser, _MixUser):
     protocol = "rest"
     wait_time = constant(0)
 
-    def send(self, endpoint: Endpoint) -> None:
+    def send(self, endpoint: Endpoint) -> bool:
         body = rest_body(endpoint.task, self.payload(endpoint.task))
         with self.client.post(endpoint.name, json=body, name=endpoint.name, catch_response=True) as response:
             if response.status_code == 200:
@@ -192,6 +194,7 @@ class RestUser(FastHttpUser, _MixUser):
                     problem = "the 200 body is not JSON"
                 if problem:
                     response.failure(problem)
+        return bool(response.status_code == 429)
 
 
 class GrpcResult:
@@ -231,7 +234,7 @@ class GrpcUser(_MixUser):
     def on_stop(self) -> None:
         self.channel.close()
 
-    def send(self, endpoint: Endpoint) -> None:
+    def send(self, endpoint: Endpoint) -> bool:
         request = grpc_request(endpoint.task, self.payload(endpoint.task))
         timeout = float(CONFIG["client_timeout_s"])
         start = time.perf_counter()
@@ -259,6 +262,7 @@ class GrpcUser(_MixUser):
             context={},
             exception=exception,
         )
+        return result.code == "RESOURCE_EXHAUSTED"
 
 
 class ProfileShape(LoadTestShape):

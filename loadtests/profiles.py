@@ -51,6 +51,8 @@ class Profile:
     """The server's per-request deadline this profile expects (passed to the service the runner starts)."""
     client_timeout_s: float = 60.0
     """Client-side network timeout of every call."""
+    reject_backoff_s: float = 0.0
+    """How long a user waits after a 429 / RESOURCE_EXHAUSTED before its next call (clients that back off)."""
     checks: Checks = field(default_factory=Checks)
 
     @property
@@ -126,6 +128,7 @@ PROFILES: dict[str, Profile] = {
             server_args=("--max-queue", "16"),
             request_timeout_s=2.0,
             client_timeout_s=10.0,
+            reject_backoff_s=0.1,
             checks=Checks(expect_rejections=True, max_timeouts=0, accepted_p99_within_timeout=True),
         ),
     )

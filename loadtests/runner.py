@@ -226,6 +226,7 @@ def run_locust(target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO
         "grpc_target": target.grpc_target,
         "stages": [[s.end_s, s.users, s.spawn_rate] for s in plan.profile.stages],
         "client_timeout_s": plan.profile.client_timeout_s,
+        "reject_backoff_s": plan.profile.reject_backoff_s,
         "samples_path": str(samples_path),
         "progress_path": str(progress_path),
         "seed": seed,

@@ -24,14 +24,6 @@ LOCUST_CSVS = ("_stats.csv", "_stats_history.csv", "_failures.csv", "_exceptions
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    pytest.importorskip("torch", reason="building the tiny test model needs torch (the load tests do not)")
-    from tests.loadtests.tiny_models import build_tiny_classifier
-
-    return build_tiny_classifier(tmp_path_factory.mktemp("tiny"))
-
-
 def _loadtest(*args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "bertserve", "loadtest", "--profile", "smoke", "--duration", "4", *args]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
