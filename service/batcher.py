@@ -177,6 +177,12 @@ class Batcher:
         return len(self._pending) if not self.config.passthrough else self._in_flight
 
     # ---- submission -------------------------------------------------------------------------------
+    def admit(self, sequences: int) -> None:
+        """Raise Overloaded now if at least `sequences` more would not fit (checked before tokenizing)."""
+        if self.queue_depth + sequences > self.config.max_queue >= sequences:
+            self._notify_rejected("queue_full")
+            raise Overloaded(f"model {self.model!r} is at capacity ({self.queue_depth} sequences queued); retry later")
+
     async def submit(self, features: Sequence[Encoded], deadline: float) -> BatchResult:
         """Queue `features` and wait for their outputs; raises Overloaded / DeadlineExceeded / BackendError.
 

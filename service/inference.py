@@ -289,6 +289,8 @@ class InferenceService:
         deadline = time.perf_counter() + budget
         timings = Timings()
         start = time.perf_counter()
+        # every input becomes at least one sequence: shed load before spending CPU on tokenization
+        model.batcher.admit(model.pipeline.count(request))
         with self.tracer.span(f"bertserve.{route}", model=model.name):
             with self.tracer.span("tokenize"):
                 features = await asyncio.to_thread(model.pipeline.features, request)

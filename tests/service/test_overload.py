@@ -1,0 +1,111 @@
+"""Overload: far beyond capacity the server answers 429 at once, accepted requests keep a bounded p99, nothing
+crashes; and (slow) memory stays flat over a 5-minute soak at overload."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.service.server import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+QUEUE = 64  # sequences per model
+TEXTS = [f"review number {i}: " + "a surprisingly moving and well acted film " * (1 + i % 4) for i in range(50)]
+
+
+@pytest.fixture(scope="module")
+def small_queue_server(
+    tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    env = {"BERTSERVE_MAX_QUEUE": str(QUEUE), "BERTSERVE_REQUEST_TIMEOUT_S": "10"}
+    server = ServerProcess([tiny_bundles["classify"]], tmp_path_factory.mktemp("overload") / "server.log", env)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        assert server.terminate() == 0
+
+
+async def _blast(url: str, clients: int, duration: float, per_request: int) -> dict[int, list[float]]:
+    """`clients` closed-loop clients for `duration` s; latencies (ms) by status code."""
+    by_status: dict[int, list[float]] = {}
+    stop_at = time.perf_counter() + duration
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+
+        async def user(offset: int) -> None:
+            index = offset
+            while time.perf_counter() < stop_at:
+                body = {"inputs": [TEXTS[(index + k) % len(TEXTS)] for k in range(per_request)]}
+                start = time.perf_counter()
+                response = await client.post("/classify", json=body)
+                by_status.setdefault(response.status_code, []).append((time.perf_counter() - start) * 1000)
+                index += 1
+
+        await asyncio.gather(*(user(i) for i in range(clients)))
+    return by_status
+
+
+def test_overload_rejects_fast_and_bounds_accepted_latency(small_queue_server: ServerProcess) -> None:
+    # 32 clients x 32 sequences = 1024 sequences in flight against a queue of 64: many times capacity
+    result = asyncio.run(_blast(small_queue_server.url, clients=32, duration=6, per_request=32))
+    assert set(result) <= {200, 429}, {k: len(v) for k, v in result.items()}
+    accepted, rejected = result.get(200, []), result.get(429, [])
+    assert len(rejected) >= 50 and len(accepted) >= 20, (len(accepted), len(rejected))
+    reject_p50, reject_p99 = np.percentile(rejected, [50, 99])
+    accept_p99 = float(np.percentile(accepted, 99))
+    assert reject_p50 < accept_p99  # rejections never wait in the queue (client-side times include CPU contention)
+    assert reject_p99 < 1000, reject_p99
+    assert accept_p99 < 5000, accept_p99  # bounded by the queue, far below the 10 s timeout
+    response = httpx.post(small_queue_server.url + "/classify", json={"inputs": "still alive"}, timeout=30)
+    assert response.status_code == 200
+    print(
+        f"overload: {len(accepted)} accepted (p50 {np.percentile(accepted, 50):.0f} ms, p99 {accept_p99:.0f} ms), "
+        f"{len(rejected)} rejected with 429 (p50 {reject_p50:.0f} ms, p99 {reject_p99:.0f} ms)"
+    )
+    metrics = httpx.get(small_queue_server.url + "/metrics").text
+    assert 'bertserve_rejected_total{model="tiny-classify",reason="queue_full"}' in metrics
+    assert "Traceback" not in small_queue_server.logs()
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+@pytest.mark.slow
+def test_memory_is_flat_over_a_soak(small_queue_server: ServerProcess) -> None:
+    """5 minutes (BERTSERVE_SOAK_S) at overload; RSS sampled every 10 s must not keep growing."""
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs /proc to read the server's memory")
+    duration = float(os.environ.get("BERTSERVE_SOAK_S", "300"))
+    pid = small_queue_server.process.pid
+    samples: list[tuple[float, int]] = []
+
+    async def sample() -> None:
+        start = time.perf_counter()
+        while time.perf_counter() - start < duration:
+            samples.append((time.perf_counter() - start, _rss_kb(pid)))
+            await asyncio.sleep(10)
+
+    async def soak() -> dict[int, list[float]]:
+        results = await asyncio.gather(_blast(small_queue_server.url, 32, duration, 8), sample())
+        return results[0]
+
+    result = asyncio.run(soak())
+    assert set(result) <= {200, 429}
+    warm = [rss for t, rss in samples if t >= 60] or [rss for _, rss in samples]
+    first, last = np.mean(warm[: max(1, len(warm) // 4)]), np.mean(warm[-max(1, len(warm) // 4) :])
+    count = sum(map(len, result.values()))
+    print(f"soak: {count} requests, RSS first quarter {first / 1024:.1f} MiB, last quarter {last / 1024:.1f} MiB")
+    assert last <= first * 1.05 + 10 * 1024, samples  # flat: under 5 % + 10 MiB growth after warm-up
