@@ -1,6 +1,7 @@
 """Run-over-run tracking: one JSON line per (run, target) in a history file, and the regression check.
 
-A run is compared with the previous run of the same profile, target and mix, or with a named baseline (a
+A run is compared with the previous run of the same profile (and shape: users and stage times), target and
+mix, or with a named baseline (a
 `--tag` given to an earlier run, or its run id). A regression is an accepted-request p99 that grew by more
 than `max_p99_increase` (a fraction: 0.25 = +25 %), or a throughput (ok/s) that fell by more than
 `max_rps_drop`. p99 is only judged when both runs have at least `MIN_P99_SAMPLES` accepted requests on that
@@ -82,13 +83,17 @@ def find_reference(
     mix: str,
     baseline: str | None = None,
     exclude_run: str | None = None,
+    shape: str | None = None,
 ) -> dict[str, Any] | None:
-    """The record to compare with: the latest of `baseline` for this target, else the latest same-profile run."""
+    """The record to compare with: the latest of `baseline` for this target, else the latest run of the same
+    profile, mix and (when given) shape."""
     candidates = [r for r in history if r.get("run_id") != exclude_run and r.get("target") == target]
     if baseline is not None:
         candidates = [r for r in candidates if baseline in (r.get("tag"), r.get("run_id"))]
     else:
         candidates = [r for r in candidates if r.get("profile") == profile and r.get("mix") == mix]
+        if shape is not None:
+            candidates = [r for r in candidates if r.get("shape") == shape]
     return candidates[-1] if candidates else None
 
 

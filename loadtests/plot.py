@@ -10,7 +10,14 @@ from loadtests.samples import Sample
 from loadtests.summary import timeseries
 
 
-def plot_run(path: Path, samples_by_target: Mapping[str, Sequence[Sample]], title: str, warmup_s: float) -> Path:
+def plot_run(
+    path: Path,
+    samples_by_target: Mapping[str, Sequence[Sample]],
+    title: str,
+    warmup_s: float,
+    stages: Sequence[tuple[float, int]] = (),
+) -> Path:
+    """Write the PNG; `stages` ((end second, users) pairs) of a multi-stage profile are marked on both axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,6 +41,13 @@ def plot_run(path: Path, samples_by_target: Mapping[str, Sequence[Sample]], titl
             axis.axvspan(0, warmup_s, color="grey", alpha=0.15, label="_warm-up")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize="small", ncol=3)
+    start = 0.0
+    for end, users in stages if len(stages) > 1 else ():
+        for axis in (top, bottom):
+            axis.axvline(end, color="black", alpha=0.2, linewidth=0.8)
+        bottom.annotate(f"{users} users", ((start + end) / 2, 1.0), xycoords=("data", "axes fraction"),
+                        ha="center", va="top", fontsize="small")  # fmt: skip
+        start = end
     top.set_yscale("log")
     top.set_ylabel("latency of accepted requests (ms)")
     bottom.set_ylabel("requests per second")

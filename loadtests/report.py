@@ -87,6 +87,16 @@ def _header(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def stage_table(stages: list[dict[str, Any]]) -> str:
+    lines = ["| users | seconds | ok/s | p50 ms | p99 ms | 429 | failed |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for row in stages:
+        lines.append(
+            f"| {row['users']} | {row['start_s']:.0f}–{row['end_s']:.0f} | {row['ok_rps']:.1f} | {_ms(row['p50'])} | "
+            f"{_ms(row['p99'])} | {row['rejected']} | {row['failed']} |"
+        )
+    return "\n".join(lines)
+
+
 def _target_section(label: str, target: dict[str, Any]) -> list[str]:
     lines = [f"## {label}", ""]
     if target.get("command"):
@@ -97,7 +107,11 @@ def _target_section(label: str, target: dict[str, Any]) -> list[str]:
         ]
     else:
         lines += [f"External service at {target.get('http_url') or ''} {target.get('grpc_target') or ''}.", ""]
-    return [*lines, endpoint_table(target["summary"]), ""]
+    lines += [endpoint_table(target["summary"]), ""]
+    if target["summary"].get("stages"):
+        lines += ["Per stage (the first 2 s of each stage, while users arrive, left out):", ""]
+        lines += [stage_table(target["summary"]["stages"]), ""]
+    return lines
 
 
 def render_report(summary: dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ from loadtests.profiles import Profile, get_profile
 from loadtests.report import peer_rows, render_report
 from loadtests.safety import check_grpc_target, check_http_url
 from loadtests.samples import Sample, read_samples
-from loadtests.summary import ALL, summarize
+from loadtests.summary import ALL, stage_figures, summarize
 from loadtests.targets import REPO, RunningServer, Target, check_external, naive_command, ours_command
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -267,6 +267,8 @@ def run_target(target: Target, plan: Plan, run_dir: Path, options: RunOptions, o
     else:
         samples = run_locust(target, plan, run_dir, options.seed, out)
     info["summary"] = summarize(samples, plan.profile.warmup_s)
+    if len(plan.profile.stages) > 1:
+        info["summary"]["stages"] = stage_figures(samples, [(s.end_s, s.users) for s in plan.profile.stages])
     info["_samples"] = samples
     return info
 
@@ -309,7 +311,9 @@ def evaluate_checks(profile: Profile, targets: dict[str, dict[str, Any]]) -> lis
 def _regressions(plan: Plan, run_id: str, options: RunOptions, targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for label, target in targets.items():
-        reference = find_reference(plan.history, plan.profile.name, label, target["mix"], options.baseline, run_id)
+        reference = find_reference(
+            plan.history, plan.profile.name, label, target["mix"], options.baseline, run_id, profile_shape(plan.profile)
+        )
         if reference is None:
             result[label] = {
                 "reference": None,
@@ -329,6 +333,11 @@ def _regressions(plan: Plan, run_id: str, options: RunOptions, targets: dict[str
             "regression": any(change.regression for change in changes),
         }
     return result
+
+
+def profile_shape(profile: Profile) -> str:
+    """`users@end_s` of every stage: runs are compared only with runs of the same shape."""
+    return ",".join(f"{stage.users}@{stage.end_s:g}" for stage in profile.stages)
 
 
 def _compact(figures: dict[str, Any]) -> dict[str, Any]:
@@ -353,7 +362,8 @@ def write_outputs(run_dir: Path, summary: dict[str, Any], samples: dict[str, lis
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     (run_dir / "report.md").write_text(render_report(summary))
     title = f"{summary['run_id']}: {summary['mix']}"
-    plot_run(run_dir / "latency.png", samples, title, summary["profile"]["warmup_s"])
+    stages = [(stage["end_s"], stage["users"]) for stage in summary["profile"]["stages"]]
+    plot_run(run_dir / "latency.png", samples, title, summary["profile"]["warmup_s"], stages)
 
 
 def _new_run_dir(results_dir: Path, profile: str) -> tuple[str, Path]:
@@ -392,7 +402,7 @@ def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunRes
         "regression": _regressions(plan, run_id, options, targets),
     }
     write_outputs(run_dir, summary, samples)
-    meta = {"git": summary["git"], "machine": summary["machine"]}
+    meta = {"git": summary["git"], "machine": summary["machine"], "shape": profile_shape(plan.profile)}
     records = [
         history_record(run_id, created, plan.profile.name, label, t["mix"], options.tag, t["summary"], meta)
         for label, t in targets.items()

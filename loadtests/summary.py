@@ -115,6 +115,32 @@ def summarize(samples: Sequence[Sample], warmup_s: float) -> dict[str, Any]:
     }
 
 
+def stage_figures(samples: Sequence[Sample], stages: Sequence[tuple[float, int]], settle_s: float = 2.0) -> list[dict]:
+    """Per stage of a multi-stage profile ((end second, users) pairs): ok/s, p50 and p99 of accepted requests,
+    rejections and failures, over the stage minus its first `settle_s` seconds (users still arriving)."""
+    rows = []
+    start = 0.0
+    for end, users in stages:
+        begin = min(start + settle_s, end)
+        inside = [s for s in samples if begin <= s.t_end < end]
+        ok = [s.latency_ms for s in inside if s.outcome == "ok"]
+        figures = latency_figures(ok, full=False)
+        rows.append(
+            {
+                "users": users,
+                "start_s": start,
+                "end_s": end,
+                "ok_rps": round(len(ok) / max(end - begin, 1e-9), 3),
+                "p50": figures["p50"],
+                "p99": figures["p99"],
+                "rejected": sum(s.outcome == "rejected" for s in inside),
+                "failed": sum(s.outcome in ("timeout", "error") for s in inside),
+            }
+        )
+        start = end
+    return rows
+
+
 def timeseries(samples: Sequence[Sample], bucket_s: float = 1.0) -> dict[str, list[float]]:
     """Per bucket of completion time (at its middle): ok/s, rejected/s, failed/s, p50/p95/p99 of ok latencies."""
     if not samples:

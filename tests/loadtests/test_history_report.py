@@ -65,6 +65,9 @@ def test_history_file_and_reference_lookup(tmp_path: Path) -> None:
     assert find_reference(history, "smoke", "ours-batching", "/classify=1", exclude_run="r3")["run_id"] == "r1"
     assert find_reference(history, "smoke", "ours-batching", "/qa=1") is None
     assert find_reference(history, "ramp", "ours-batching", "/classify=1") is None
+    history[2]["shape"] = "4@15"
+    assert find_reference(history, "smoke", "ours-batching", "/classify=1", shape="4@15")["run_id"] == "r3"
+    assert find_reference(history, "smoke", "ours-batching", "/classify=1", shape="4@5") is None
     assert find_reference(history, "steady", "ours-batching", "/qa=1", baseline="v1")["run_id"] == "r1"
     check_baseline(history, "v1", path)
     check_baseline(history, "r2", path)

@@ -93,3 +93,23 @@ def test_timeseries_buckets() -> None:
     assert len(series["t"]) == 10  # the partial bucket after 10.0 s is left out
     assert sum(series["ok_rps"]) + sum(series["rejected_rps"]) + sum(series["failed_rps"]) == 999
     assert all(p50 <= p99 for p50, p99 in zip(series["p50"], series["p99"], strict=True))
+
+
+def test_stage_figures_leave_out_each_stage_start() -> None:
+    from loadtests.summary import stage_figures
+
+    samples = [Sample(t / 10, "/qa", 10.0 if t < 100 else 50.0, "ok", "200") for t in range(200)]  # 0..19.9 s
+    samples.append(Sample(15.0, "/qa", 1.0, "rejected", "429"))
+    rows = stage_figures(samples, [(10.0, 4), (20.0, 8)], settle_s=2.0)
+    assert [r["users"] for r in rows] == [4, 8]
+    assert rows[0]["ok_rps"] == pytest.approx(80 / 8.0) and rows[0]["p99"] == 10.0
+    assert rows[1]["p50"] == 50.0 and rows[1]["rejected"] == 1 and rows[1]["failed"] == 0
+
+
+def test_profile_shape_key() -> None:
+    from loadtests.profiles import get_profile
+    from loadtests.runner import profile_shape
+
+    assert profile_shape(get_profile("smoke")) == "4@15"
+    assert profile_shape(get_profile("smoke").with_overrides(duration_s=4)) == "4@4"
+    assert profile_shape(get_profile("ramp")).startswith("1@20,4@40,")
