@@ -1,0 +1,47 @@
+"""OpenTelemetry: inert without an endpoint; with one, a request records tokenize / queue / infer / postprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.inference import InferenceService
+from service.pipelines import ClassifyInput
+from service.settings import ServiceSettings
+from service.tracing import Tracer
+
+
+def test_no_endpoint_means_no_opentelemetry() -> None:
+    tracer = Tracer(None)
+    assert not tracer.enabled
+    with tracer.span("x") as span:
+        assert span is None
+    tracer.record("queue", 0.0, 1.0)  # a no-op
+
+
+def test_spans_of_one_request(tiny_bundles: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    settings = ServiceSettings(models=[str(tiny_bundles["classify"])], otlp_endpoint="127.0.0.1:4317", warmup_rounds=0)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # nothing listens there: do not retry for long
+    exporter = InMemorySpanExporter()
+
+    async def go() -> list[str]:
+        service = InferenceService(settings)
+        service.tracer._provider.add_span_processor(SimpleSpanProcessor(exporter))
+        await service.load()
+        try:
+            outcome = await service.classify(ClassifyInput(texts=["hello there"]))
+            assert outcome.results[0][0]["label"] in ("negative", "positive")
+        finally:
+            await service.close()
+        return [span.name for span in exporter.get_finished_spans()]
+
+    names = asyncio.run(go())
+    assert {"tokenize", "queue", "infer", "postprocess", "bertserve.classify"} <= set(names), names
+    assert "opentelemetry" in sys.modules
