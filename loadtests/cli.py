@@ -60,9 +60,9 @@ def loadtest(
     users: Annotated[int | None, typer.Option(help="Override the profile's users (single-stage profiles).")] = None,
     duration: Annotated[float | None, typer.Option(help="Override the profile's duration in seconds.")] = None,
     spawn_rate: Annotated[float | None, typer.Option(help="Override the users started per second.")] = None,
-    results_dir: Annotated[Path, typer.Option(help="Where <timestamp>-<profile>/ folders are written.")] = Path(
-        "loadtests/results"
-    ),
+    results_dir: Annotated[
+        Path | None, typer.Option(help="Where <timestamp>-<profile>/ folders go. [default loadtests/results]")
+    ] = None,
     history: Annotated[Path | None, typer.Option(help="History file. [default RESULTS_DIR/history.jsonl]")] = None,
     baseline: Annotated[
         str | None, typer.Option(help="Compare with this tag or run id instead of the previous run of the profile.")
@@ -81,7 +81,7 @@ def loadtest(
     seed: Annotated[int, typer.Option(help="Seed of payload sampling and each user's choices.")] = 0,
 ) -> None:
     """Load-test the service with locust: summary, report, plot, history. Exit 3: regression; 4: failed check."""
-    from loadtests.runner import RunOptions, execute, plan_run
+    from loadtests.runner import LoadGeneratorError, RunOptions, execute, plan_run
     from loadtests.targets import TargetStartError
 
     options = RunOptions(
@@ -96,7 +96,7 @@ def loadtest(
         plan = plan_run(options)
     try:
         result = execute(plan, options)
-    except TargetStartError as error:
+    except (TargetStartError, LoadGeneratorError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(code=2) from error
     _print_result(result.summary, result.run_dir)

@@ -44,8 +44,13 @@ from loadtests.targets import REPO, RunningServer, Target, check_external, naive
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 DEFAULT_RESULTS = REPO / "loadtests" / "results"
+DEFAULT_BUNDLES_DIR = REPO / "artifacts" / "bundles"
 DEFAULT_MODELS = {"classify": "minilm-sst2", "qa": "minilm-squad", "ner": "minilm-conll03"}
 EXIT_OK, EXIT_REGRESSION, EXIT_CHECKS = 0, 3, 4
+
+
+class LoadGeneratorError(RuntimeError):
+    """Locust failed or hung; the message ends with its log."""
 
 
 @dataclass
@@ -67,7 +72,8 @@ class RunOptions:
     users: int | None = None
     duration_s: float | None = None
     spawn_rate: float | None = None
-    results_dir: Path = DEFAULT_RESULTS
+    results_dir: Path | None = None
+    """Default: loadtests/results of the repository."""
     history: Path | None = None
     baseline: str | None = None
     tag: str | None = None
@@ -109,6 +115,25 @@ def parse_task_models(text: str | None, needed: list[str], option: str) -> dict[
     return {task_name: given.get(task_name, DEFAULT_MODELS[task_name]) for task_name in needed}
 
 
+def resolve_bundle(entry: str, bundles_dir: Path) -> str:
+    """An absolute bundle folder for a `--models` value (a folder, or a name under `bundles_dir`), read from
+    disk the way `bertserve serve` reads it; FileNotFoundError before any server is started."""
+    for candidate in (Path(entry).expanduser(), bundles_dir / entry):
+        if (candidate / "manifest.json").is_file():
+            return str(candidate.resolve())
+    raise FileNotFoundError(
+        f"no serving bundle {entry!r} (a folder with manifest.json, or a name under {bundles_dir}): "
+        "build the default bundles with `make bundles`, or give --models TASK=FOLDER"
+    )
+
+
+def resolve_peer_model(entry: str) -> str:
+    """An absolute model folder for the naive peer (a folder or a built-in model name)."""
+    from bert_model.registry import resolve_model_path  # torch-free
+
+    return str(resolve_model_path(entry))
+
+
 def _check_numbers(options: RunOptions) -> None:
     if options.max_p99_increase < 0 or options.max_rps_drop < 0 or options.max_rps_drop >= 1:
         raise ValueError(
@@ -132,14 +157,16 @@ def _external_target(options: RunOptions, mix: ep.Mix) -> Target:
 
 def _started_targets(options: RunOptions, profile: Profile, mix: ep.Mix) -> list[Target]:
     needed = ep.tasks(mix)
-    ours = list(parse_task_models(options.models, needed, "--models").values())
+    bundles_dir = (options.bundles_dir or DEFAULT_BUNDLES_DIR).expanduser().resolve()
+    ours = [resolve_bundle(m, bundles_dir) for m in parse_task_models(options.models, needed, "--models").values()]
     extra = [*profile.server_args, *options.server_args]
     targets = []
     if options.peers:
-        command, url = naive_command(parse_task_models(options.peer_models or options.models, needed, "--peer-models"))
+        peer_models = parse_task_models(options.peer_models or options.models, needed, "--peer-models")
+        command, url = naive_command({task: resolve_peer_model(model) for task, model in peer_models.items()})
         targets.append(Target("naive", "naive", ep.as_rest(mix), command=command, http_url=url, ready_path="/health"))
     for batching in [False, True] if options.peers else [True]:
-        command, url, grpc_target = ours_command(ours, batching, profile.request_timeout_s, extra, options.bundles_dir)
+        command, url, grpc_target = ours_command(ours, batching, profile.request_timeout_s, extra, None)
         label = "ours-batching" if batching else "ours-no-batching"
         targets.append(Target(label, "ours", mix, batching, command, url, grpc_target))
     return targets
@@ -154,7 +181,7 @@ def plan_run(options: RunOptions) -> Plan:
     if external and options.peers:
         raise ValueError("--peers starts its own servers: drop --host / --grpc-host")
     payloads = load_payloads(options.sst2, options.squad, options.conll, options.payload_limit, options.seed)
-    history_path = options.history or options.results_dir / "history.jsonl"
+    history_path = options.history or (options.results_dir or DEFAULT_RESULTS) / "history.jsonl"
     history = read_history(history_path)
     if options.baseline is not None:
         check_baseline(history, options.baseline, history_path)
@@ -196,7 +223,7 @@ def _watch(process: subprocess.Popen[bytes], progress_path: Path, label: str, pr
     while process.poll() is None:
         if time.monotonic() > limit:
             process.kill()
-            raise RuntimeError(f"locust did not finish within {profile.duration_s + 120:.0f}s for {label}")
+            raise LoadGeneratorError(f"locust did not finish within {profile.duration_s + 120:.0f}s for {label}")
         time.sleep(0.5)
         try:
             line = _progress_line(label, profile, json.loads(progress_path.read_text()))
@@ -244,7 +271,7 @@ def run_locust(target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO
     progress_path.unlink(missing_ok=True)
     if code != 0 or not samples_path.exists():
         tail = "\n".join((run_dir / f"{target.label}_locust.log").read_text(errors="replace").splitlines()[-15:])
-        raise RuntimeError(f"locust failed for {target.label} (exit {code}):\n{tail}")
+        raise LoadGeneratorError(f"locust failed for {target.label} (exit {code}):\n{tail}")
     return read_samples(samples_path)
 
 
@@ -381,7 +408,7 @@ def _new_run_dir(results_dir: Path, profile: str) -> tuple[str, Path]:
 
 def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunResult:
     """Run every target of a checked plan and write the results."""
-    run_id, run_dir = _new_run_dir(options.results_dir, plan.profile.name)
+    run_id, run_dir = _new_run_dir(options.results_dir or DEFAULT_RESULTS, plan.profile.name)
     created = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     (run_dir / "payloads.json").write_text(plan.payloads.to_json())
     targets = {t.label: run_target(t, plan, run_dir, options, out) for t in plan.targets}

@@ -72,12 +72,23 @@ def _options(tmp_path: Path, **overrides: object) -> RunOptions:
         ({"max_rps_drop": 1.5}, ValueError, "--max-rps-drop"),
         ({"models": "summarize=x"}, ValueError, "not TASK=MODEL"),
         ({"duration_s": 0.5}, ValueError, "warm-up"),
+        ({"models": "classify=/nonexistent/bundle"}, FileNotFoundError, "no serving bundle '/nonexistent/bundle'"),
+        ({"mix": "/ner", "bundles_dir": Path("/nonexistent")}, FileNotFoundError, "no serving bundle 'minilm-conll03'"),
     ],
 )
 def test_bad_input_is_refused(tmp_path: Path, overrides: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         plan_run(_options(tmp_path, **overrides))
     assert not (tmp_path / "results").exists()
+
+
+def test_missing_peer_model_is_refused(tmp_path: Path, tiny: tuple[Path, Path]) -> None:
+    _, bundle = tiny
+    with pytest.raises(FileNotFoundError, match="neither a model folder nor a built-in model name"):
+        plan_run(_options(tmp_path, peers=True, mix="/classify", models=f"classify={bundle}", peer_models="classify=x"))
+    plan = plan_run(_options(tmp_path, mix="/classify", models=f"classify={bundle}"))
+    assert [t.label for t in plan.targets] == ["ours-batching"]
+    assert str(bundle.resolve()) in plan.targets[0].command
 
 
 def test_unreachable_host_is_refused(tmp_path: Path) -> None:
