@@ -136,7 +136,8 @@ def apply_lora(model: nn.Module, config: LoRAConfig) -> list[str]:
         if matches(name, config.target_modules):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, LoRALinear(module, config.rank, config.alpha, config.dropout))
+            adapted = LoRALinear(module, config.rank, config.alpha, config.dropout)
+            setattr(parent, child, adapted.train(module.training))
             replaced.append(name)
     if not replaced:
         raise ValueError(f"no encoder linear layer matches the LoRA targets {list(config.target_modules)}")
@@ -164,7 +165,7 @@ def merge_lora(model: nn.Module) -> int:
         if isinstance(module, LoRALinear):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, module.merged())
+            setattr(parent, child, module.merged().train(module.training))
             count += 1
     return count
 

@@ -28,7 +28,13 @@ def root() -> None:
 
 
 # Stage packages that contribute subcommands, in pipeline order.
-COMMAND_MODULES: tuple[str, ...] = ("bert_model.pretraining.cli", "service.cli", "loadtests.cli")
+COMMAND_MODULES: tuple[str, ...] = (
+    "bert_model.pretraining.cli",
+    "bert_model.finetuning.cli",
+    "export.cli",
+    "service.cli",
+    "loadtests.cli",
+)
 
 
 def build_app() -> typer.Typer:

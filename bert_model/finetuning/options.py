@@ -1,0 +1,170 @@
+"""Options of a fine-tuning run, validated before any work starts (one docstring per field)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bert_model.adapters import LoRAConfig
+
+TASK_NAMES: tuple[str, ...] = ("classify", "qa", "ner")
+DEFAULT_LEARNING_RATE = {"full": 5e-5, "lora": 5e-4}
+
+
+@dataclass
+class TrainingOptions:
+    """The optimisation schedule and bookkeeping shared by every task."""
+
+    epochs: float = 3.0
+    """Passes over the training set (fractions allowed); ignored when `max_steps` is set."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (the schedule decays to zero there)."""
+    batch_size: int = 32
+    """Training examples (features) per step."""
+    learning_rate: float | None = None
+    """Peak learning rate; None picks 5e-5 for full fine-tuning and 5e-4 for LoRA."""
+    warmup_ratio: float = 0.1
+    """Fraction of the steps with linear warm-up from 0; the rest decays linearly to 0."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay (not applied to biases and LayerNorm weights)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0 disables it)."""
+    seed: int = 42
+    """Seeds head initialisation, LoRA initialisation, dropout and batch order."""
+    bf16: bool = False
+    """bf16 autocast for training and evaluation forwards (1.3-1.7x faster on CPUs with AMX/AVX512-BF16)."""
+    eval_every: int | None = None
+    """Evaluate every N steps; None evaluates at the end of each epoch."""
+    eval_limit: int | None = None
+    """Evaluate on an evenly spaced subset of this many eval examples during training (the final one is full)."""
+    eval_batch_size: int = 64
+    """Features per forward pass at evaluation."""
+    max_train_examples: int | None = None
+    """Use only the first N training examples (quick trials)."""
+    length_grouping: bool = True
+    """Batch examples of similar length together (padding only to the longest in the batch)."""
+    threads: int | None = None
+    """torch intra-op threads; None keeps torch's default."""
+    lora: LoRAConfig | None = None
+    """Train LoRA adapters (and what the LoRAConfig adds) instead of every weight."""
+    log_every: int = 50
+    """Write a training-loss line to metrics.jsonl every N steps."""
+
+    def __post_init__(self) -> None:
+        if self.epochs <= 0 and self.max_steps is None:
+            raise ValueError(f"epochs must be positive, got {self.epochs}")
+        for name in ("batch_size", "eval_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_steps", "eval_every", "eval_limit", "max_train_examples", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or unset), got {value}")
+        if self.learning_rate is not None and not 0 < self.learning_rate < 1:
+            raise ValueError(f"learning_rate must be in (0, 1), got {self.learning_rate}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+
+    @property
+    def peak_learning_rate(self) -> float:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return DEFAULT_LEARNING_RATE["lora" if self.lora else "full"]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["lora"] = self.lora.to_dict() if self.lora else None
+        data["peak_learning_rate"] = self.peak_learning_rate
+        return data
+
+
+@dataclass
+class ClassifyOptions:
+    """Text classification data and input length."""
+
+    max_seq_length: int = 128
+    text_column: str | None = None
+    """Column of the (first) text; detected from the header when None."""
+    pair_column: str | None = None
+    """Column of the second text of a pair; detected when None."""
+    label_column: str | None = None
+    label_map: dict[str, str] | None = None
+    """Rename raw labels, e.g. {"0": "negative", "1": "positive"}."""
+    labels: list[str] | None = None
+    """Label order of the head; default: the training labels, sorted."""
+
+    def __post_init__(self) -> None:
+        _check_length(self.max_seq_length)
+
+
+@dataclass
+class QAOptions:
+    """SQuAD windows and answer decoding."""
+
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    """Context tokens shared by consecutive windows."""
+    max_query_length: int = 64
+    max_answer_length: int = 30
+    """Longest answer in tokens."""
+
+    def __post_init__(self) -> None:
+        from bert_model.tasks.qa import QASettings
+
+        _check_length(self.max_seq_length)
+        QASettings(self.max_seq_length, self.doc_stride, self.max_query_length, self.max_answer_length)
+
+
+@dataclass
+class NEROptions:
+    """CoNLL columns, windows and labels."""
+
+    max_seq_length: int = 128
+    stride: int = 32
+    """Tokens shared by consecutive windows of a long sentence."""
+    tag_column: int = -1
+    scheme: str = "auto"
+    """Tag scheme of the files: auto, iob1 or iob2 (everything is converted to IOB2)."""
+    labels: list[str] | None = None
+    """Label order of the head; default: O then B-/I- for each entity type, sorted."""
+
+    def __post_init__(self) -> None:
+        _check_length(self.max_seq_length)
+        if not 0 <= self.stride < self.max_seq_length - 2:
+            raise ValueError(f"stride must be in [0, max_seq_length - 2), got {self.stride}")
+
+
+TaskOptions = ClassifyOptions | QAOptions | NEROptions
+
+
+@dataclass
+class FinetuneRun:
+    """Everything one `bertserve finetune` run needs."""
+
+    task: str
+    model: str
+    train: str
+    out: str
+    eval: str | None = None
+    training: TrainingOptions = field(default_factory=TrainingOptions)
+    task_options: TaskOptions = field(default_factory=ClassifyOptions)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASK_NAMES:
+            raise ValueError(f"task must be one of {TASK_NAMES}, got {self.task!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "model": self.model,
+            "train": self.train,
+            "eval": self.eval,
+            "out": self.out,
+            "training": self.training.to_dict(),
+            "task_options": asdict(self.task_options),
+        }
+
+
+def _check_length(max_seq_length: int) -> None:
+    if not 8 <= max_seq_length <= 512:
+        raise ValueError(f"max_seq_length must be in [8, 512], got {max_seq_length}")

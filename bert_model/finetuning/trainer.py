@@ -1,0 +1,199 @@
+"""The training loop shared by every task: AdamW, warm-up + linear decay, bf16 autocast, periodic evaluation
+with best-checkpoint selection, and metrics as JSON lines.
+
+Schedule and optimizer follow Devlin et al. (2019), appendix A.3 (Adam with decoupled weight decay,
+Loshchilov & Hutter 2019; linear warm-up then linear decay). The best trainable parameters (by the task's
+primary metric on the eval set) are kept in memory and restored at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from bert_model.finetuning.batching import training_batches
+from bert_model.finetuning.inference import autocast
+from bert_model.finetuning.options import TrainingOptions
+
+BatchBuilder = Callable[[list[int]], dict[str, torch.Tensor]]
+Evaluate = Callable[[nn.Module, int | None], dict[str, Any]]
+NO_DECAY = ("bias", "LayerNorm.weight")
+
+
+@dataclass
+class TrainResult:
+    """What the loop did: steps, time, the best evaluation and its step."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    best_metric: float | None = None
+    best_step: int | None = None
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+
+
+class MetricsLog:
+    """Appends one JSON object per line to `metrics.jsonl` (and keeps them)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path is not None:
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def linear_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """Learning-rate multiplier: 0 -> 1 over the warm-up, then 1 -> 0 at `total_steps`."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
+
+
+def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; no weight decay on biases and LayerNorm weights."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            (no_decay if name.endswith(NO_DECAY) else decay).append(parameter)
+    groups = [
+        {"params": decay, "weight_decay": options.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=options.peak_learning_rate, betas=(0.9, 0.999), eps=1e-8)
+
+
+class Trainer:
+    """Runs the loop for one model; the task supplies batches, evaluation and its primary metric."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        options: TrainingOptions,
+        build_batch: BatchBuilder,
+        lengths: Sequence[int],
+        evaluate: Evaluate | None = None,
+        primary_metric: str = "f1",
+        log: MetricsLog | None = None,
+    ) -> None:
+        if not lengths:
+            raise ValueError("the training set is empty")
+        self.model, self.options, self.build_batch = model, options, build_batch
+        self.lengths, self.evaluate, self.primary_metric = list(lengths), evaluate, primary_metric
+        self.log = log or MetricsLog(None)
+        self.rng = np.random.default_rng(options.seed)
+        self.batches_per_epoch = math.ceil(len(lengths) / options.batch_size)
+        self.total_steps = options.max_steps or max(1, math.ceil(options.epochs * self.batches_per_epoch))
+        self.result = TrainResult()
+        self._best_state: dict[str, torch.Tensor] | None = None
+
+    def train(self) -> TrainResult:
+        optimizer = make_optimizer(self.model, self.options)
+        warmup = int(self.options.warmup_ratio * self.total_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(self.total_steps, warmup))
+        started, losses = time.perf_counter(), []
+        self.model.train()
+        bar = tqdm(total=self.total_steps, desc="finetune", unit="step", mininterval=5.0)
+        for step in range(1, self.total_steps + 1):
+            losses.append(self._step(self._next_batch(), optimizer))
+            scheduler.step()
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", refresh=False)
+            if step % self.options.log_every == 0:
+                self._log_train(step, losses, float(scheduler.get_last_lr()[0]), started)
+            if self._should_evaluate(step):
+                self._evaluate(step, started)
+        bar.close()
+        self.result.steps, self.result.seconds = self.total_steps, time.perf_counter() - started
+        self._restore_best()
+        return self.result
+
+    # ---- internals --------------------------------------------------------------------------------------
+    def _next_batch(self) -> list[int]:
+        if not getattr(self, "_queue", None):
+            self._queue = training_batches(
+                self.lengths, self.options.batch_size, self.rng, self.options.length_grouping
+            )
+        return self._queue.pop()
+
+    def _step(self, batch: list[int], optimizer: torch.optim.Optimizer) -> float:
+        inputs = self.build_batch(batch)
+        with autocast(self.options.bf16):
+            loss = self.model(**inputs).loss
+        loss.backward()
+        if self.options.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(
+                [p for p in self.model.parameters() if p.requires_grad], self.options.max_grad_norm
+            )
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    def _should_evaluate(self, step: int) -> bool:
+        if self.evaluate is None:
+            return False
+        if step == self.total_steps:
+            return True
+        if self.options.eval_every is not None:
+            return step % self.options.eval_every == 0
+        return step % self.batches_per_epoch == 0
+
+    def _log_train(self, step: int, losses: list[float], lr: float, started: float) -> None:
+        recent = losses[-self.options.log_every :]
+        self.log.write(
+            {
+                "step": step,
+                "epoch": round(step / self.batches_per_epoch, 4),
+                "train_loss": float(np.mean(recent)),
+                "learning_rate": lr,
+                "elapsed_s": round(time.perf_counter() - started, 1),
+            }
+        )
+
+    def _evaluate(self, step: int, started: float) -> None:
+        assert self.evaluate is not None
+        metrics = self.evaluate(self.model, self.options.eval_limit)
+        self.model.train()
+        value = float(metrics[self.primary_metric])
+        improved = self.result.best_metric is None or value > self.result.best_metric
+        if improved:
+            self.result.best_metric, self.result.best_step = value, step
+            self._best_state = {
+                name: p.detach().clone() for name, p in self.model.named_parameters() if p.requires_grad
+            }
+        record = {
+            "step": step,
+            "epoch": round(step / self.batches_per_epoch, 4),
+            "eval": metrics,
+            "best": improved,
+            "elapsed_s": round(time.perf_counter() - started, 1),
+        }
+        self.result.evaluations.append(record)
+        self.log.write(record)
+        tqdm.write(f"step {step}: {self.primary_metric} {value:.2f}" + (" (best)" if improved else ""))
+
+    def _restore_best(self) -> None:
+        if self._best_state is None:
+            return
+        parameters = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in self._best_state.items():
+                parameters[name].copy_(value)
