@@ -1,4 +1,5 @@
-"""`bertserve serve`: REST + gRPC over one batched engine. Every option is also an env var BERTSERVE_<NAME>.
+"""`bertserve serve`: REST + gRPC over one batched engine. Every option is also an env var BERTSERVE_<NAME>;
+a few rarely changed settings (max_text_chars, shutdown_grace_s, backend_wait_s, ...) are env-only.
 
 Options given on the command line win over environment variables, which win over defaults
 (`service.settings.ServiceSettings`). Imports no torch.
@@ -78,6 +79,31 @@ def serve(
     ] = None,
     log_level: Annotated[
         str | None, typer.Option(help="debug, info, warning, error. [env BERTSERVE_LOG_LEVEL]")
+    ] = None,
+    max_inputs_per_request: Annotated[
+        int | None, typer.Option(help="Most texts per request. [env BERTSERVE_MAX_INPUTS_PER_REQUEST; default 64]")
+    ] = None,
+    max_body_bytes: Annotated[
+        int | None, typer.Option(help="Largest request body. [env BERTSERVE_MAX_BODY_BYTES; default 2000000]")
+    ] = None,
+    inference_threads: Annotated[
+        int | None, typer.Option(help="Threads running backend calls. [env BERTSERVE_INFERENCE_THREADS; default 1]")
+    ] = None,
+    max_concurrent_batches: Annotated[
+        int | None, typer.Option(help="Backend calls in flight per model. [env BERTSERVE_MAX_CONCURRENT_BATCHES]")
+    ] = None,
+    warmup_rounds: Annotated[
+        int | None, typer.Option(help="Warm-up passes per model before ready. [env BERTSERVE_WARMUP_ROUNDS]")
+    ] = None,
+    cors_origins: Annotated[
+        str | None, typer.Option(help="Comma-separated allowed CORS origins. [env BERTSERVE_CORS_ORIGINS]")
+    ] = None,
+    otlp_endpoint: Annotated[
+        str | None, typer.Option(help="OTLP/gRPC endpoint for traces. [env BERTSERVE_OTLP_ENDPOINT]")
+    ] = None,
+    log_json: Annotated[
+        bool | None,
+        typer.Option("--log-json/--log-text", help="JSON log lines or plain text. [env BERTSERVE_LOG_JSON]"),
     ] = None,
 ) -> None:
     """Serve REST (default :8000) and gRPC (default :50051) over one dynamically batched engine."""

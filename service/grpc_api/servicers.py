@@ -7,6 +7,8 @@ request's timeout, so work for a request that has already expired is dropped bef
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,6 +20,8 @@ from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
 from service.inference import InferenceService, Outcome
 from service.pipelines import ClassifyInput, NERInput, QAInput
+
+log = logging.getLogger(__name__)
 
 AGGREGATION = {
     pb.AGGREGATION_STRATEGY_UNSPECIFIED: "simple",
@@ -51,6 +55,14 @@ class _Base:
             status = code.name
             await context.abort(code, error.message)
             raise  # unreachable: abort raises
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            status = "CANCELLED"
+            raise
+        except Exception:  # a bug must not leak as UNKNOWN with a traceback
+            status = grpc.StatusCode.INTERNAL.name
+            log.exception("unexpected error in %s", route)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error (logged on the server)")
+            raise
         finally:
             self.service.metrics.observe_request("grpc", route, status, time.perf_counter() - start)
 

@@ -81,7 +81,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
-            expose_headers=["x-queue-time-ms", "x-inference-time-ms", "x-total-time-ms", "x-model"],
+            expose_headers=["x-queue-time-ms", "x-inference-time-ms", "x-total-time-ms", "x-model", "x-request-id"],
         )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
@@ -185,6 +185,20 @@ def _require_key(request: Request, credentials: HTTPAuthorizationCredentials | N
         raise Unauthenticated("missing or wrong API key: send `Authorization: Bearer <key>`")
 
 
+def _timeout(request: Request) -> float | None:
+    """The caller's own deadline, from the `x-request-timeout-ms` header (capped by the server's timeout)."""
+    value = request.headers.get("x-request-timeout-ms")
+    if value is None:
+        return None
+    try:
+        milliseconds = float(value)
+    except ValueError:
+        raise InvalidInput(f"x-request-timeout-ms must be a number of milliseconds, got {value!r}") from None
+    if not 0 < milliseconds < 1e9:
+        raise InvalidInput(f"x-request-timeout-ms must be positive, got {value!r}")
+    return milliseconds / 1000
+
+
 def _truncate(request: Request, value: bool | None) -> bool:
     return request.app.state.settings.truncate if value is None else value
 
@@ -214,7 +228,7 @@ def _add_routes(app: FastAPI) -> None:
         task_input = ClassifyInput(
             texts=texts, pairs=pairs, top_k=body.top_k, truncate=_truncate(request, body.truncate)
         )
-        outcome = await _service(request).classify(task_input, model=body.model)
+        outcome = await _service(request).classify(task_input, model=body.model, timeout_s=_timeout(request))
         _respond(response, outcome)
         return outcome.results[0] if single else outcome.results
 
@@ -238,7 +252,7 @@ def _add_routes(app: FastAPI) -> None:
             doc_stride=body.doc_stride,
             truncate=_truncate(request, body.truncate),
         )
-        outcome = await _service(request).qa(task_input, model=body.model)
+        outcome = await _service(request).qa(task_input, model=body.model, timeout_s=_timeout(request))
         _respond(response, outcome)
         shaped = [answers[0] if body.top_k == 1 and answers else answers for answers in outcome.results]
         return shaped[0] if single else shaped
@@ -257,7 +271,7 @@ def _add_routes(app: FastAPI) -> None:
         task_input = NERInput(
             texts=texts, aggregation_strategy=body.aggregation_strategy, truncate=_truncate(request, body.truncate)
         )
-        outcome = await _service(request).ner(task_input, model=body.model)
+        outcome = await _service(request).ner(task_input, model=body.model, timeout_s=_timeout(request))
         _respond(response, outcome)
         return outcome.results[0] if single else outcome.results
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -79,14 +80,19 @@ class BodyLimitMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-def _content_length(scope: Scope) -> int | None:
+def _header(scope: Scope, wanted: bytes) -> str | None:
     for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
+        if name == wanted:
+            return bytes(value).decode("latin-1")[:128]
     return None
+
+
+def _content_length(scope: Scope) -> int | None:
+    value = _header(scope, b"content-length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 class MetricsMiddleware:
@@ -102,11 +108,13 @@ class MetricsMiddleware:
             return
         start = time.perf_counter()
         status = 500
+        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
 
         async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
             await send(message)
 
         try:
@@ -123,6 +131,7 @@ class MetricsMiddleware:
                         "route": route,
                         "status": status,
                         "ms": round(elapsed * 1000, 2),
+                        "request_id": request_id,
                     },
                 )
 

@@ -262,3 +262,14 @@ def test_openapi_fuzzing_finds_no_server_error(server: ServerProcess, tmp_path) 
     assert " passed" in result.stdout and "failures" not in result.stdout.lower(), result.stdout[-4000:]
     print(result.stdout[-1500:])
     assert server.process.poll() is None and "Traceback" not in server.logs()
+
+
+def test_request_id_and_caller_deadline(client: httpx.Client) -> None:
+    response = client.post("/classify", json={"inputs": "hi"}, headers={"x-request-id": "abc-123"})
+    assert response.headers["x-request-id"] == "abc-123"
+    assert len(client.post("/classify", json={"inputs": "hi"}).headers["x-request-id"]) == 32
+    body = {"inputs": [{"question": "Which river?", "context": LONG_CONTEXT}] * 32}
+    late = client.post("/qa", json=body, headers={"x-request-timeout-ms": "0.01"})
+    assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
+    _error(client.post("/classify", json={"inputs": "x"}, headers={"x-request-timeout-ms": "soon"}), 422)
+    assert client.post("/qa", json=body, headers={"x-request-timeout-ms": "30000"}).status_code == 200
