@@ -102,3 +102,14 @@ LOADTEST_PROFILE ?= smoke
 loadtest: install proto
 	@for name in $(DEFAULT_BUNDLES); do test -f $(BUNDLES_DIR)/$$name/manifest.json || { $(MAKE) bundles && break; }; done
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile $(LOADTEST_PROFILE) $(LOADTEST_ARGS)
+
+# ---- default task models (issue 4) -----------------------------------------------------------------
+# LoRA composites over minilm (a few MB each, committed under bert_model/pretrained/), rebuilt from the
+# shared data sets, each under the CPU lock. One model: `make default-models MODELS=minilm-sst2`.
+DATA ?= ../shared/data
+MODELS ?= minilm-sst2 minilm-conll03 minilm-squad
+.PHONY: default-models
+default-models: install
+	for name in $(MODELS); do \
+		$(CPU_LOCK) $(PY) -m bert_model.finetuning.default_models --data $(DATA) $$name || exit 1; \
+	done
