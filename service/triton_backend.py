@@ -10,6 +10,7 @@ Reference: https://github.com/triton-inference-server/client (grpc aio client), 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import numpy as np
@@ -17,7 +18,7 @@ import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
-from service.errors import BackendError, BackendUnavailable, Overloaded
+from service.errors import BackendError, BackendUnavailable, DeadlineExceeded, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class TritonBackend:
         self._timeout = timeout_s
         self._client: triton.InferenceServerClient | None = None
         self._inputs: list[str] = list(INPUT_NAMES)
+        self.max_rows: int | None = None
+        """The model's max_batch_size in Triton (bigger batches are split), None = no limit."""
 
     async def start(self) -> None:
         self._client = triton.InferenceServerClient(url=self.url)
@@ -61,6 +64,8 @@ class TritonBackend:
             metadata = await self._client.get_model_metadata(self.model_name, as_json=True)
         except InferenceServerException as error:
             raise BackendUnavailable(f"cannot reach Triton at {self.url}: {error.message()}") from error
+        config = (await self._client.get_model_config(self.model_name, as_json=True)).get("config", {})
+        self.max_rows = int(config.get("max_batch_size", 0)) or None
         served_inputs = {item["name"] for item in metadata.get("inputs", [])}
         served_outputs = {item["name"] for item in metadata.get("outputs", [])}
         missing = [name for name in self.output_names if name not in served_outputs]
@@ -70,8 +75,22 @@ class TritonBackend:
         log.info("using Triton model %s at %s", self.model_name, self.url)
 
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One batch; split into calls of at most the model's `max_batch_size` rows (sent concurrently)."""
         if self._client is None:
             raise BackendUnavailable("the Triton backend is not started")
+        rows = len(inputs["input_ids"])
+        if self.max_rows is None or rows <= self.max_rows:
+            return await self._infer(inputs)
+        parts = await asyncio.gather(
+            *(
+                self._infer({name: array[start : start + self.max_rows] for name, array in inputs.items()})
+                for start in range(0, rows, self.max_rows)
+            )
+        )
+        return {name: np.concatenate([part[name] for part in parts]) for name in self.output_names}
+
+    async def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        assert self._client is not None
         request = []
         for name in self._inputs:
             array = np.ascontiguousarray(inputs[name], dtype=np.int64)
@@ -83,8 +102,11 @@ class TritonBackend:
             result = await self._client.infer(self.model_name, request, outputs=outputs, client_timeout=self._timeout)
         except InferenceServerException as error:
             status = str(error.status())
-            if "queue size" in (error.message() or ""):  # Triton's bounded queue rejected it: shed load
+            message = error.message() or ""
+            if "queue size" in message:  # Triton's bounded queue rejected it: shed load
                 raise Overloaded(f"Triton's queue for {self.model_name!r} is full; retry later") from error
+            if "timeout" in message.lower():  # Triton's queue policy timed it out
+                raise DeadlineExceeded(f"Triton timed the request out in its queue: {message}") from error
             if any(code in status for code in UNAVAILABLE_STATUSES):
                 raise BackendUnavailable(f"Triton at {self.url} is unavailable: {error.message()}") from error
             raise BackendError(

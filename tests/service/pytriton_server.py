@@ -1,50 +1,65 @@
-"""A real Triton server (the one nvidia-pytriton bundles) serving bundles' ONNX graphs, for the Triton test.
+"""A real Triton server (the one nvidia-pytriton bundles) serving an export-step model repository, for tests.
 
-Run with the Triton venv (`make triton-venv`): `.venv-triton/bin/python tests/service/pytriton_server.py
-GRPC_PORT HTTP_PORT METRICS_PORT BUNDLE...`. pytriton ships only Triton's Python backend, so each model is
-a Python function running the bundle's ONNX graph with onnxruntime, under the bundle's name, with the
-contract's input/output names and Triton's dynamic batcher on. Prints READY when every model is loaded.
-Standalone on purpose (stdlib + numpy + onnxruntime + pytriton): the Triton venv has numpy<2 and no project.
+Run with the Triton venv (`make triton-venv`):
+    .venv-triton/bin/python tests/service/pytriton_server.py GRPC_PORT HTTP_PORT METRICS_PORT REPOSITORY
+REPOSITORY is what `export.triton.write_triton_repository` writes: `<model>/config.pbtxt` + `<model>/1/model.onnx`.
+pytriton ships only Triton's Python backend, not the onnxruntime backend, so each model is bound as a Python
+function running its `model.onnx` with onnxruntime, under the config's name, inputs, outputs, max_batch_size and
+dynamic-batcher delay. Prints READY when every model is loaded. Runs in the Triton venv (numpy<2, no project).
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from google.protobuf import text_format
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.server import triton_server
 from pytriton.triton import Triton, TritonConfig
+from tritonclient.grpc import model_config_pb2 as pb
 
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-OUTPUTS = {
-    "classify": {"logits": (-1,)},
-    "qa": {"start_logits": (-1,), "end_logits": (-1,)},
-    "ner": {"logits": (-1, -1)},
-}
+DTYPES = {pb.TYPE_INT64: np.int64, pb.TYPE_FP32: np.float32}
 
 
-def make_infer(session: ort.InferenceSession, output_names: list[str]):  # type: ignore[no-untyped-def]
+def make_infer(session: ort.InferenceSession, inputs: list[str], outputs: list[str]):  # type: ignore[no-untyped-def]
     @batch
-    def infer(**inputs: np.ndarray) -> dict[str, np.ndarray]:
-        feed = {name: inputs[name].astype(np.int64) for name in INPUT_NAMES}
-        values = session.run(output_names, feed)
-        return dict(zip(output_names, values, strict=True))
+    def infer(**arrays: np.ndarray) -> dict[str, np.ndarray]:
+        values = session.run(outputs, {name: arrays[name].astype(np.int64) for name in inputs})
+        return dict(zip(outputs, values, strict=True))
 
     return infer
+
+
+def bind(triton: Triton, model_dir: Path) -> None:
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), pb.ModelConfig())
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(model_dir / "1" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    inputs = [Tensor(name=i.name, dtype=DTYPES[i.data_type], shape=tuple(i.dims)) for i in config.input]
+    outputs = [Tensor(name=o.name, dtype=DTYPES[o.data_type], shape=tuple(o.dims)) for o in config.output]
+    delay = config.dynamic_batching.max_queue_delay_microseconds
+    triton.bind(
+        model_name=config.name,
+        infer_func=make_infer(session, [i.name for i in config.input], [o.name for o in config.output]),
+        inputs=inputs,
+        outputs=outputs,
+        config=ModelConfig(
+            max_batch_size=config.max_batch_size, batcher=DynamicBatcher(max_queue_delay_microseconds=delay)
+        ),
+        strict=False,
+    )
 
 
 def main() -> None:
     # tritonserver's Python-backend stubs do not exit on SIGINT here; pytriton would wait 30 s before killing it
     triton_server.SERVER_OUTPUT_TIMEOUT_SECS = 3
     grpc_port, http_port, metrics_port = (int(arg) for arg in sys.argv[1:4])
-    bundles = [Path(arg) for arg in sys.argv[4:]]
+    repository = Path(sys.argv[4])
     config = TritonConfig(
         grpc_port=grpc_port,
         http_port=http_port,
@@ -54,27 +69,13 @@ def main() -> None:
         http_address="127.0.0.1",
     )
     with Triton(config=config) as triton:
-        for bundle in bundles:
-            manifest = json.loads((bundle / "manifest.json").read_text())
-            variant = manifest["variants"][manifest["default_variants"]["cpu"]]
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = 1
-            session = ort.InferenceSession(str(bundle / variant["file"]), options, providers=["CPUExecutionProvider"])
-            outputs = OUTPUTS[manifest["task"]]
-            triton.bind(
-                model_name=manifest["name"],
-                infer_func=make_infer(session, list(outputs)),
-                inputs=[Tensor(name=name, dtype=np.int64, shape=(-1,)) for name in INPUT_NAMES],
-                outputs=[Tensor(name=name, dtype=np.float32, shape=shape) for name, shape in outputs.items()],
-                config=ModelConfig(max_batch_size=64, batcher=DynamicBatcher(max_queue_delay_microseconds=2000)),
-                strict=False,
-            )
+        for model_dir in sorted(p for p in repository.iterdir() if (p / "config.pbtxt").is_file()):
+            bind(triton, model_dir)
         triton.run()
         print("READY", flush=True)
         signal.sigwait({signal.SIGTERM, signal.SIGINT})
 
 
 if __name__ == "__main__":
-    print("libdir", sysconfig.get_config_var("LIBDIR"), file=sys.stderr)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     main()

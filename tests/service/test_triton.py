@@ -1,5 +1,7 @@
 """The Triton backend against a real Triton server (nvidia-pytriton, in its own venv: `make triton-venv`).
 
+The repository is written by `export.triton.write_triton_repository` (the export step's writer); pytriton has only
+Triton's Python backend, so tests/service/pytriton_server.py binds each config's model.onnx through onnxruntime.
 Our service runs with `--backend triton`; answers must equal the in-process ONNX Runtime backend's on the same
 bundles (REST and gRPC), tritonclient talks to the same Triton directly, and with Triton batching on our
 batcher passes requests through. Skipped, with the reason, when the Triton venv is absent or Triton cannot start.
@@ -35,8 +37,14 @@ def triton_server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPa
     log = tmp_path_factory.mktemp("triton") / "triton.log"
     # pytriton's Python-backend stub links the system libpython (see ../shared/README.md)
     env = {**os.environ, "LD_LIBRARY_PATH": str(sysconfig.get_config_var("LIBDIR"))}
+    # the model repository exactly as the export step writes it (config.pbtxt + 1/model.onnx per bundle)
+    from export.triton import write_triton_repository
+
+    repository = tmp_path_factory.mktemp("triton-repo")
+    for bundle in tiny_bundles.values():
+        write_triton_repository(bundle, repository)
     command = [str(TRITON_PYTHON), str(Path(__file__).with_name("pytriton_server.py")), str(grpc_port), str(http_port)]
-    command += [str(metrics_port), *(str(path) for path in tiny_bundles.values())]
+    command += [str(metrics_port), str(repository)]
     with open(log, "w") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -94,6 +102,7 @@ def test_triton_backend_answers_like_onnx_runtime(servers: tuple[ServerProcess, 
     via_triton, in_process = servers
     requests = [
         ("/classify", {"inputs": ["loved it", "a tedious mess", "fine"], "top_k": None}),
+        ("/classify", {"inputs": [f"review {i} " + "word " * i for i in range(40)]}),  # > Triton's max_batch_size
         ("/qa", {"question": "Which river?", "context": LONG_CONTEXT, "top_k": 3}),
         ("/ner", {"inputs": ["Ada Lovelace worked with Charles Babbage in London."], "aggregation_strategy": "first"}),
     ]
