@@ -188,3 +188,12 @@ def test_random_and_malformed_messages_never_crash(channel: grpc.Channel) -> Non
             codes.add(error.code())
     assert codes <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, codes
     assert pb_grpc.ModelsStub(channel).List(pb.ListModelsRequest()).models
+
+
+def test_oversized_message_is_refused(channel: grpc.Channel) -> None:
+    stub = pb_grpc.ClassifierStub(channel)
+    huge = pb.ClassifyRequest(inputs=[pb.TextInput(text="word " * 100_000)] * 5)  # ~2.5 MB > the 2 MB limit
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Classify(huge, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert stub.Classify(pb.ClassifyRequest(inputs=[pb.TextInput(text="fine")]), timeout=30).results
