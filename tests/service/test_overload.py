@@ -109,3 +109,46 @@ def test_memory_is_flat_over_a_soak(small_queue_server: ServerProcess) -> None:
     count = sum(map(len, result.values()))
     print(f"soak: {count} requests, RSS first quarter {first / 1024:.1f} MiB, last quarter {last / 1024:.1f} MiB")
     assert last <= first * 1.05 + 10 * 1024, samples  # flat: under 5 % + 10 MiB growth after warm-up
+
+
+@pytest.fixture(scope="module")
+def batching_server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    env = {"BERTSERVE_MAX_WAIT_MS": "50"}  # so that 64 requests sent at once meet in the queue even on a busy CPU
+    server = ServerProcess([tiny_bundles["classify"]], tmp_path_factory.mktemp("batching") / "server.log", env)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        assert server.terminate() == 0
+
+
+def _backend_calls(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    line = next(
+        line for line in text.splitlines() if line.startswith('bertserve_batch_size_count{model="tiny-classify"}')
+    )
+    return float(line.split()[-1])
+
+
+def test_64_concurrent_requests_share_backend_calls_with_unbatched_results(batching_server: ServerProcess) -> None:
+    texts = [TEXTS[i % len(TEXTS)][: 20 + 7 * i] for i in range(64)]
+    alone = []
+    with httpx.Client(base_url=batching_server.url, timeout=30) as client:
+        for text in texts:
+            alone.append(client.post("/classify", json={"inputs": text, "top_k": None}).json())
+
+    async def together() -> list:
+        async with httpx.AsyncClient(base_url=batching_server.url, timeout=30) as client:
+            responses = await asyncio.gather(
+                *(client.post("/classify", json={"inputs": text, "top_k": None}) for text in texts)
+            )
+        return [r.json() for r in responses]
+
+    before = _backend_calls(batching_server.url)
+    batched = asyncio.run(together())
+    calls = _backend_calls(batching_server.url) - before
+    print(f"batching: 64 concurrent requests -> {calls:.0f} backend calls")
+    assert calls <= 16, calls
+    for a, b in zip(batched, alone, strict=True):
+        assert [x["label"] for x in a] == [x["label"] for x in b]
+        np.testing.assert_allclose([x["score"] for x in a], [x["score"] for x in b], atol=1e-5)
