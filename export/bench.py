@@ -80,6 +80,39 @@ def _field(text: str, name: str) -> str:
     return ""
 
 
+def _busy_seconds() -> float | None:
+    """CPU seconds all processes have been busy since boot (/proc/stat), or None off Linux."""
+    import os
+
+    fields = _read("/proc/stat").split("\n", 1)[0].split()
+    if not fields or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class ForeignLoad:
+    """How much CPU other processes used while we measured: a benchmark is only valid when that is ~0."""
+
+    def __enter__(self) -> ForeignLoad:
+        import os
+
+        self.start_busy, self.start_own, self.start_wall = _busy_seconds(), sum(os.times()[:2]), time.time()
+        self.fraction: float | None = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        end_busy = _busy_seconds()
+        if end_busy is None or self.start_busy is None:
+            return
+        own = sum(os.times()[:2]) - self.start_own
+        wall = max(time.time() - self.start_wall, 1e-9)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        self.fraction = max(0.0, (end_busy - self.start_busy - own) / (wall * cores))
+
+
 def forward_flops(config: BertConfig, batch: int, seq_len: int) -> float:
     h, i = config.hidden_size, config.intermediate_size
     per_layer = 2 * batch * seq_len * (4 * h * h + 2 * h * i) + 4 * batch * seq_len * seq_len * h
@@ -181,8 +214,10 @@ def write_report(rows: list[Row], peak: CpuPeak, meta: dict, out_dir: Path) -> t
     json_path = out_dir / "bench-model.json"
     md_path = out_dir / "bench-model.md"
     json_path.write_text(json.dumps({"meta": meta, "cpu": asdict(peak), "rows": [asdict(r) for r in rows]}, indent=2))
+    foreign = meta.get("foreign_cpu_fraction")
+    load = f" Other processes used {100 * foreign:.0f}% of the CPU during the run." if foreign is not None else ""
     header = (
-        f"Model: {meta.get('model')}. CPU: {peak.model_name}, {peak.cores} cores at {peak.ghz:.2f} GHz nominal; "
+        f"Model: {meta.get('model')}.{load} CPU: {peak.model_name}, {peak.cores} cores at {peak.ghz:.2f} GHz nominal; "
         f"peak fp32 {peak.peak('fp32') / 1e9:.0f} GFLOP/s, bf16 {peak.peak('bf16') / 1e9:.0f}, "
         f"int8 {peak.peak('int8') / 1e9:.0f} GOP/s (flags: {', '.join(peak.flags)}).\n\n"
     )
@@ -310,13 +345,16 @@ def run_benchmark(
     runners = torch_runners(folder, manifest.task, threads) + variant_runners(bundle_dir, variants, threads)
     peak = cpu_peak(cores=threads)
     rows: list[Row] = []
-    for batch, seq_len in shapes:
-        feed = bench_feed(bundle_dir / TOKENIZER_DIR, batch, seq_len, data_dir)
-        shape_rounds = max(3, rounds // 3) if batch * seq_len >= 2048 else rounds
-        medians = measure(runners, feed, shape_rounds)
-        shape_rows = rows_for_shape(medians, runners, config, batch, seq_len, peak)
-        log(markdown_table(shape_rows))
-        rows.extend(shape_rows)
+    with ForeignLoad() as foreign:
+        for batch, seq_len in shapes:
+            feed = bench_feed(bundle_dir / TOKENIZER_DIR, batch, seq_len, data_dir)
+            shape_rounds = max(3, rounds // 3) if batch * seq_len >= 2048 else rounds
+            medians = measure(runners, feed, shape_rounds)
+            shape_rows = rows_for_shape(medians, runners, config, batch, seq_len, peak)
+            log(markdown_table(shape_rows))
+            rows.extend(shape_rows)
+    if foreign.fraction is not None and foreign.fraction > 0.05:
+        log(f"warning: other processes used {100 * foreign.fraction:.0f}% of the CPU meanwhile: figures are not valid")
     meta = {
         "model": manifest.name,
         "bundle": str(bundle_dir),
@@ -325,6 +363,7 @@ def run_benchmark(
         "rounds": rounds,
         "method": "one process, interleaved rounds; per turn: 20 ms idle, 1 untimed + 3 timed calls; median",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "foreign_cpu_fraction": foreign.fraction,
     }
     write_report(rows, peak, meta, out_dir)
     return rows
