@@ -72,7 +72,7 @@ bench-service: install proto
 
 # ---- export (issue 5) -------------------------------------------------------------------------------
 .PHONY: export bundles bench
-EXPORT_VARIANTS ?= cpu-fp32,cpu-int8,gpu-fp16,openvino-int8
+EXPORT_VARIANTS ?= cpu-fp32,cpu-int8,gpu-fp16,openvino-int8,openvino-bf16
 BENCH_MODEL ?= minilm-sst2
 # Exports hold both cores for a minute: take the shared CPU lock where flock exists.
 CPU_LOCK ?= $(shell command -v flock >/dev/null && echo flock /tmp/bertserve-cpu.lock)

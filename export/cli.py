@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from bertserve.errors import exit_on_user_error
+from export.variants import DEFAULT_VARIANTS
 
 DEFAULT_BENCH_OUT = Path("artifacts/bench")
 
@@ -22,7 +23,7 @@ def export_command(
     out: Annotated[Path, typer.Option("--out", help="Bundle folder to write (replaced atomically).")],
     variants: Annotated[
         str, typer.Option(help="Comma-separated variants: cpu-fp32, cpu-int8, gpu-fp16, openvino-int8, openvino-bf16.")
-    ] = "cpu-fp32,cpu-int8,gpu-fp16,openvino-int8",
+    ] = ",".join(DEFAULT_VARIANTS),
     max_seq_len: Annotated[
         int | None, typer.Option("--max-seq-len", help="Longest input served (default: the model's maximum).")
     ] = None,

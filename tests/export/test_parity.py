@@ -61,38 +61,68 @@ def test_qa_span_decoding_and_f1() -> None:
     assert judge("qa", "int8", ref, ref, feeds(1)).figures["span_f1_vs_fp32"] == 100.0
 
 
-def test_every_variant_within_its_guard_on_real_text(minilm_bundle: Path) -> None:
-    """MiniLM encoder + classification head (random, until minilm-sst2 exists) on SST-2 dev sentences."""
+def test_every_written_variant_is_within_its_guard_on_real_text(minilm_bundle: tuple[Path, dict]) -> None:
+    """minilm-sst2 (or MiniLM + a fitted stand-in head until it exists) on 256 SST-2 dev sentences: every
+    variant written meets its guard, every refused one is absent; fp32 and fp16 always pass."""
     from bert_model.tasks.spec import BundleManifest
 
-    manifest = BundleManifest.read(minilm_bundle)
+    bundle, refused = minilm_bundle
+    manifest = BundleManifest.read(bundle)
     assert manifest.source["guard_inputs"]["source"].endswith("sst2/dev.half-a.tsv")
     assert manifest.source["guard_inputs"]["count"] == 256
-    fp32 = manifest.variants["cpu-fp32"].parity
-    assert fp32["max_abs_diff"] <= 1e-4
-    for name in ("cpu-int8", "gpu-fp16", "openvino-int8"):
-        if name in manifest.variants:
-            assert manifest.variants[name].parity["label_agreement"] >= 0.99, name
+    assert manifest.variants["cpu-fp32"].parity["max_abs_diff"] <= 1e-4
+    assert manifest.variants["gpu-fp16"].parity["label_agreement"] >= 0.99
+    for name, spec in manifest.variants.items():
+        if spec.precision != "fp32":
+            assert spec.parity["label_agreement"] >= 0.99, name
+    for name, why in refused.items():
+        assert name not in manifest.variants and not (bundle / f"{name}.onnx").exists()
+        assert "label_agreement" in why or "skipped" in why
     assert manifest.default_variants["gpu"] == "gpu-fp16"
-    if "openvino-int8" in manifest.variants:
-        assert manifest.default_variants["cpu"] == "openvino-int8"
-        assert manifest.default_variants["cpu-onnxruntime"] == "cpu-int8"
-        assert manifest.variants["openvino-int8"].provider == "OpenVINO"
-        assert manifest.variants["openvino-int8"].runtime_options["INFERENCE_PRECISION_HINT"] == "bf16"
+    cpu_default = manifest.variants[manifest.default_variants["cpu"]]
+    if cpu_default.provider == "OpenVINO":
+        assert manifest.variants[manifest.default_variants["cpu-onnxruntime"]].provider == "CPUExecutionProvider"
+        assert cpu_default.runtime_options["INFERENCE_PRECISION_HINT"] == "bf16"
+
+
+def sst2_probe_model(data_dir: Path, folder: Path, ridge_lambda: float = 1.0) -> Path:
+    """`minilm-sst2` when it is built, else MiniLM + a classification head fitted by ridge regression on the
+    pooled outputs of 256 SST-2 *train* sentences: a stand-in with real margins (a random head's logits barely
+    vary across inputs, so any rounding flips its labels and no guard could be meaningful)."""
+    import gzip
+
+    import torch
+
+    from bert_model.heads import BertForSequenceClassification
+    from bert_model.registry import PRETRAINED_DIR, minilm_path
+    from bert_model.tokenization import BertTokenizer
+
+    if (PRETRAINED_DIR / "minilm-sst2" / "config.json").is_file():
+        return PRETRAINED_DIR / "minilm-sst2"
+    torch.manual_seed(0)
+    model = BertForSequenceClassification.from_pretrained("minilm", id2label={0: "negative", 1: "positive"})
+    with gzip.open(data_dir / "sst2/train.tsv.gz", "rt") as lines:
+        pairs = [line.rstrip("\n").split("\t") for line in lines][1:]
+    rows = [(text, int(label)) for text, label in pairs if len(text.split()) >= 6][:256]
+    batch = BertTokenizer.from_pretrained("minilm")([text for text, _ in rows], max_length=64)
+    with torch.inference_mode():
+        pooled = model.bert(*(torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
+        features = torch.cat([pooled.pooler_output.double(), torch.ones(len(rows), 1, dtype=torch.float64)], 1)
+        targets = torch.nn.functional.one_hot(torch.tensor([label for _, label in rows]), 2).double() * 2 - 1
+        ridge = features.T @ features + ridge_lambda * torch.eye(features.shape[1], dtype=torch.float64)
+        weights = torch.linalg.solve(ridge, features.T @ targets)  # (H + 1, 2)
+        model.classifier.weight.copy_(weights[:-1].T.float())
+        model.classifier.bias.copy_(weights[-1].float())
+    model.save_pretrained(folder)
+    (folder / "vocab.txt").write_bytes((minilm_path() / "vocab.txt").read_bytes())
+    return folder
 
 
 @pytest.fixture(scope="module")
-def minilm_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from bert_model.heads import BertForSequenceClassification
-    from bert_model.registry import minilm_path
+def minilm_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     from export.bundle import build_bundle
-    from export.runtime import openvino_available
 
-    folder = tmp_path_factory.mktemp("minilm") / "minilm-random-sst2"
-    model = BertForSequenceClassification.from_pretrained("minilm", id2label={0: "negative", 1: "positive"})
-    model.save_pretrained(folder)
-    (folder / "vocab.txt").write_bytes((minilm_path() / "vocab.txt").read_bytes())
-    variants = "cpu-fp32,cpu-int8,gpu-fp16" + (",openvino-int8" if openvino_available() else "")
+    folder = sst2_probe_model(data_dir, tmp_path_factory.mktemp("minilm") / "minilm-probe-sst2")
     out = tmp_path_factory.mktemp("minilm-bundle") / "bundle"
-    build_bundle(folder, out, variants=variants, max_seq_len=128, data_dir=data_dir, strict=True)
-    return out
+    result = build_bundle(folder, out, max_seq_len=128, data_dir=data_dir)  # every default variant
+    return out, result.refused
