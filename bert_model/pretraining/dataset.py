@@ -124,15 +124,18 @@ def iter_split(folder: str | Path, meta: DataMeta, split: str, limit: int | None
         yield stream.next_instance()
 
 
-def collate(instances: list[MaskedInstance], pad_id: int, pad_to: int | None = None) -> dict[str, np.ndarray]:
-    """Pad to the longest instance (or `pad_to`): int64 arrays input_ids, attention_mask, token_type_ids,
-    labels (B, S) and next_sentence_label (B,)."""
+def collate(
+    instances: list[MaskedInstance], pad_id: int, pad_to: int | None = None, multiple_of: int = 1
+) -> dict[str, np.ndarray]:
+    """Pad to the longest instance rounded up to `multiple_of` (or to `pad_to`): int64 arrays input_ids,
+    attention_mask, token_type_ids, labels (B, S) and next_sentence_label (B,)."""
     if not instances:
         raise ValueError("cannot collate an empty batch")
-    width = max(len(instance.input_ids) for instance in instances)
+    longest = max(len(instance.input_ids) for instance in instances)
+    width = -(-longest // multiple_of) * multiple_of
     if pad_to is not None:
-        if pad_to < width:
-            raise ValueError(f"pad_to={pad_to} is shorter than the longest instance ({width})")
+        if pad_to < longest:
+            raise ValueError(f"pad_to={pad_to} is shorter than the longest instance ({longest})")
         width = pad_to
     batch = len(instances)
     input_ids = np.full((batch, width), pad_id, dtype=np.int64)

