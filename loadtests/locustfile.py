@@ -36,6 +36,7 @@ pb, pb_grpc = load_stubs()
 CONFIG: dict[str, Any] = {}
 PAYLOADS = Payloads()
 SAMPLES: list[Sample] = []
+COUNTS = {outcome: 0 for outcome in ("ok", "rejected", "timeout", "error")}
 _CLOCK = {"start": time.perf_counter(), "written": False}
 PROGRESS_WINDOW_S = 5.0
 
@@ -102,6 +103,7 @@ def _record(
     queue_ms, inference_ms = server_times(metadata) if outcome == "ok" else (float("nan"), float("nan"))
     t_end = time.perf_counter() - _CLOCK["start"]
     SAMPLES.append(Sample(t_end, name, float(response_time), outcome, status, queue_ms, inference_ms))
+    COUNTS[outcome] += 1
 
 
 def _progress_loop(environment: Any) -> None:
@@ -114,14 +116,11 @@ def _progress_loop(environment: Any) -> None:
             if sample.t_end < now - PROGRESS_WINDOW_S:
                 break
             recent.append(sample)
-        counts = {outcome: 0 for outcome in ("ok", "rejected", "timeout", "error")}
-        for sample in SAMPLES:
-            counts[sample.outcome] = counts.get(sample.outcome, 0) + 1
         ok_latencies = sorted(s.latency_ms for s in recent if s.outcome == "ok")
         progress = {
             "t": round(now, 1),
             "users": environment.runner.user_count if environment.runner else 0,
-            "counts": counts,
+            "counts": dict(COUNTS),
             "ok_rps": sum(1 for s in recent if s.outcome == "ok") / min(PROGRESS_WINDOW_S, max(now, 1e-3)),
             "p50_ms": _pick(ok_latencies, 0.50),
             "p99_ms": _pick(ok_latencies, 0.99),
