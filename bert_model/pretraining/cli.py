@@ -116,6 +116,10 @@ def pretrain(
         str | None, typer.Option("--init", help="Continue this checkpoint folder or name (minilm).")
     ] = None,
     max_steps: Annotated[int, typer.Option(help="Optimizer steps in total.")] = 1000,
+    time_budget: Annotated[
+        float | None,
+        typer.Option(help="Minutes of wall time: the schedule ends when these or max-steps run out (not exact)."),
+    ] = None,
     batch_size: Annotated[int, typer.Option(help="Global batch: sequences per optimizer step.")] = 32,
     micro_batch_size: Annotated[int | None, typer.Option(help="Sequences per forward pass per process.")] = None,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate.")] = 1e-4,
@@ -148,6 +152,7 @@ def pretrain(
             config=config,
             init=init,
             max_steps=max_steps,
+            time_budget_minutes=time_budget,
             batch_size=batch_size,
             micro_batch_size=micro_batch_size,
             learning_rate=lr,

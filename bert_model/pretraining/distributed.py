@@ -63,6 +63,13 @@ def all_reduce_sum(tensor: torch.Tensor, context: DistContext) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_max(tensor: torch.Tensor, context: DistContext) -> torch.Tensor:
+    """Element-wise maximum of `tensor` over all processes (in place; a no-op for one process)."""
+    if context.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
 def barrier(context: DistContext) -> None:
     if context.distributed:
         dist.barrier()

@@ -5,6 +5,9 @@
   algorithm 2): Adam's bias-corrected update plus decoupled weight decay, rescaled per parameter tensor by the
   trust ratio ||w|| / ||update||, which keeps very large batches (32k) stable. Written here: torch has none.
 - Schedule (Devlin et al. 2019, appendix A.2): linear warm-up to the peak rate, then linear decay to zero.
+  With a time budget the schedule's progress is the larger of steps done / max_steps and time spent / budget,
+  so that the decay reaches zero when the budget runs out (the "budget" schedules of Geiping & Goldstein 2022,
+  "Cramming: Training a Language Model on a Single GPU in One Day", section 4.3).
 - Weight decay skips biases and LayerNorm weights, as in the reference implementation.
 """
 
@@ -16,7 +19,6 @@ from typing import Literal
 import torch
 from torch import nn
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR
 
 OptimizerName = Literal["adamw", "lamb"]
 OPTIMIZERS: tuple[str, ...] = ("adamw", "lamb")
@@ -109,7 +111,7 @@ def build_optimizer(
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
 
 
-def lr_multiplier(step: int, warmup_steps: int, total_steps: int) -> float:
+def lr_multiplier(step: float, warmup_steps: int, total_steps: int) -> float:
     """Factor of the peak rate for optimizer step `step` (0-based): linear warm-up, then linear decay to 0."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -117,8 +119,37 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int) -> float:
     return max(0.0, remaining / max(1, total_steps - warmup_steps))
 
 
-def linear_schedule(optimizer: Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:
-    """The warm-up + linear-decay schedule as a `LambdaLR` (its state dict resumes exactly)."""
-    if warmup_steps < 0 or total_steps < 1:
-        raise ValueError(f"need warmup_steps >= 0 and total_steps >= 1, got {warmup_steps} and {total_steps}")
-    return LambdaLR(optimizer, lambda step: lr_multiplier(step, warmup_steps, total_steps))
+class WarmupLinearSchedule:
+    """Sets the learning rate of every parameter group before each optimizer step.
+
+    Stateless apart from (step, elapsed seconds), which the trainer checkpoints: nothing else to save.
+    """
+
+    def __init__(
+        self, optimizer: Optimizer, peak_lr: float, warmup_steps: int, total_steps: int, budget_s: float | None = None
+    ) -> None:
+        if warmup_steps < 0 or total_steps < 1 or warmup_steps >= max(total_steps, 2):
+            raise ValueError(f"need 0 <= warmup_steps < total_steps, got {warmup_steps} and {total_steps}")
+        if budget_s is not None and budget_s <= 0:
+            raise ValueError(f"the time budget must be positive, got {budget_s} s")
+        self.optimizer = optimizer
+        self.peak_lr = peak_lr
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.budget_s = budget_s
+
+    def progress(self, step: int, elapsed_s: float) -> float:
+        """Schedule position in steps: `step`, or further along when the time budget is spent faster."""
+        if self.budget_s is None:
+            return float(step)
+        return max(float(step), elapsed_s / self.budget_s * self.total_steps)
+
+    def finished(self, step: int, elapsed_s: float) -> bool:
+        return self.progress(step, elapsed_s) >= self.total_steps
+
+    def apply(self, step: int, elapsed_s: float = 0.0) -> float:
+        """Set and return the learning rate of optimizer step `step` (0-based)."""
+        lr = self.peak_lr * lr_multiplier(self.progress(step, elapsed_s), self.warmup_steps, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr

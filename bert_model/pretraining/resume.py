@@ -3,7 +3,7 @@
 ```
 checkpoint/
   config.json, model.safetensors   the model (loads with from_pretrained too)
-  trainer_state.pt                 step, data position, optimizer and scheduler state, elapsed time, options
+  trainer_state.pt                 step, data position, optimizer state, elapsed time (the schedule's position), options
   rng-rank{R}.pt                   each process's torch (and CUDA) generator state, for identical dropout
 ```
 
@@ -47,7 +47,6 @@ def save_checkpoint(
     out: Path,
     model: BertForPreTraining,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
     resume: ResumeState,
     options: dict[str, Any],
     context: DistContext,
@@ -63,7 +62,6 @@ def save_checkpoint(
             "stream": {"epoch": resume.stream.epoch, "position": resume.stream.position},
             "elapsed_s": resume.elapsed_s,
             "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
             "world_size": context.world_size,
             "options": {k: options[k] for k in RESUME_INVARIANTS},
         }
@@ -89,7 +87,6 @@ def load_checkpoint(
     out: Path,
     model: BertForPreTraining,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
     options: dict[str, Any],
     context: DistContext,
 ) -> ResumeState:
@@ -101,7 +98,6 @@ def load_checkpoint(
     _check_same_run(state, options, context, folder)
     model.load_checked(read_state_dict(folder), source=str(folder))
     optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
     rng = torch.load(folder / f"rng-rank{context.rank}.pt", weights_only=True)
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and context.device.type == "cuda":

@@ -31,10 +31,16 @@ from tqdm import tqdm
 
 from bert_model.heads import IGNORE_INDEX, PreTrainingOutput
 from bert_model.pretraining.dataset import InstanceStream, MaskedInstance, collate, iter_split
-from bert_model.pretraining.distributed import DistContext, all_reduce_sum, init_distributed, shutdown
+from bert_model.pretraining.distributed import (
+    DistContext,
+    all_reduce_max,
+    all_reduce_sum,
+    init_distributed,
+    shutdown,
+)
 from bert_model.pretraining.metrics import MetricsLog, Sums
 from bert_model.pretraining.model_setup import build_model
-from bert_model.pretraining.optim import build_optimizer, linear_schedule
+from bert_model.pretraining.optim import WarmupLinearSchedule, build_optimizer
 from bert_model.pretraining.resume import ResumeState, checkpoint_path, load_checkpoint, save_checkpoint
 from bert_model.pretraining.shards import TOKENIZER_DIR, DataMeta
 from bert_model.pretraining.training_args import TrainingArgs
@@ -105,7 +111,11 @@ class Trainer:
         torch.manual_seed(args.seed)  # the same initial weights in every process
         self.model = build_model(self.meta, self.tokenizer, args.config, args.init, args.dropout).to(context.device)
         self.optimizer = build_optimizer(self.model, args.optimizer, args.learning_rate, args.weight_decay)
-        self.scheduler = linear_schedule(self.optimizer, args.resolved_warmup(), args.max_steps)
+        budget_s = None if args.time_budget_minutes is None else args.time_budget_minutes * 60
+        self.schedule = WarmupLinearSchedule(
+            self.optimizer, args.learning_rate, args.resolved_warmup(), args.max_steps, budget_s
+        )
+        self.lr = self.schedule.apply(0)
         self.stream = InstanceStream(args.data, self.meta, "train", seed=args.seed)
         self.has_eval = self.meta.splits.get("eval") is not None and self.meta.splits["eval"].instances > 0
         self.metrics = MetricsLog(args.out / METRICS_FILE, context.is_main)
@@ -137,9 +147,7 @@ class Trainer:
             out.mkdir(parents=True, exist_ok=True)
 
     def _resume(self) -> None:
-        state = load_checkpoint(
-            self.args.out, self.model, self.optimizer, self.scheduler, self.args.to_json(), self.context
-        )
+        state = load_checkpoint(self.args.out, self.model, self.optimizer, self.args.to_json(), self.context)
         self.step, self.elapsed_s = state.step, state.elapsed_s
         self.stream.state = state.stream
         self.metrics.truncate_after(self.step)
@@ -149,6 +157,7 @@ class Trainer:
     def run(self) -> TrainResult:
         args = self.args
         self._write_args()
+        self._clock_start, self._clock_base = time.perf_counter(), self.elapsed_s
         last_eval = self._maybe_eval(initial=True)
         window, window_steps, window_time = Sums(), 0, 0.0
         last_train: dict[str, Any] = {}
@@ -157,38 +166,45 @@ class Trainer:
             total=args.max_steps, initial=self.step, disable=self._no_progress(), unit="step", dynamic_ncols=True
         )
         with _StopSignal() as stop, bar:
-            while self.step < args.max_steps:
+            while not self._done():
                 tick = time.perf_counter()
                 self._train_step(window)
                 window_steps += 1
                 window_time += time.perf_counter() - tick
-                self.elapsed_s += time.perf_counter() - tick
                 bar.update(1)
-                if self.step % args.log_every == 0 or self.step == args.max_steps:
+                requested = self._synchronise(stop.requested)
+                done = self._done()
+                if self.step % args.log_every == 0 or done:
                     last_train = self._log_train(window, window_steps, window_time, bar)
                     window, window_steps, window_time = Sums(), 0, 0.0
-                last_eval = self._maybe_eval() or last_eval
-                if self._should_stop(stop.requested, started_at):
+                last_eval = self._maybe_eval(final=done) or last_eval
+                if done or requested or (args.stop_after is not None and self.step - started_at >= args.stop_after):
                     break
                 if args.save_every and self.step % args.save_every == 0:
                     self._save()
-        completed = self.step >= args.max_steps
+        completed = self._done()
         self._save()
         if completed:
             self._save_final()
         return TrainResult(self.step, completed, last_train, last_eval, args.out, self.elapsed_s)
+
+    def _done(self) -> bool:
+        return self.step >= self.args.max_steps or self.schedule.finished(self.step, self.elapsed_s)
 
     def _no_progress(self) -> bool | None:
         if not self.context.is_main:
             return True
         return None if self.args.progress is None else not self.args.progress
 
-    def _should_stop(self, requested: bool, started_at: int) -> bool:
-        stop_after = self.args.stop_after
-        flag = torch.tensor([float(requested)])
-        if self.context.distributed:  # every process must stop at the same step
-            all_reduce_sum(flag, self.context)
-        return bool(flag.item() > 0) or (stop_after is not None and self.step - started_at >= stop_after)
+    def _synchronise(self, stop_requested: bool) -> bool:
+        """Update the run's wall time; agree over processes on it and on a stop request (max over all), so
+        that every process takes the same learning rate and stops at the same step."""
+        self.elapsed_s = self._clock_base + time.perf_counter() - self._clock_start
+        shared = torch.tensor([float(stop_requested), self.elapsed_s], dtype=torch.float64)
+        if self.context.distributed:
+            all_reduce_max(shared, self.context)
+            self.elapsed_s = float(shared[1])
+        return bool(shared[0] > 0)
 
     def _train_step(self, window: Sums) -> None:
         args, context = self.args, self.context
@@ -214,8 +230,8 @@ class Trainer:
             window.add(*sums)
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+        self.lr = self.schedule.apply(self.step, self.elapsed_s)
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
 
@@ -237,7 +253,7 @@ class Trainer:
             "step": self.step,
             "split": "train",
             **summary,
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": self.lr,
             "epoch": self.stream.state.epoch + self.stream.state.position / self.stream.epoch_size,
             "sequences_per_s": steps * self.args.batch_size / max(seconds, 1e-9),
             "elapsed_s": self.elapsed_s,
@@ -246,16 +262,14 @@ class Trainer:
         bar.set_postfix(loss=f"{summary['loss']:.3f}", mlm_acc=f"{summary['mlm_acc']:.3f}", refresh=False)
         return record
 
-    def _maybe_eval(self, initial: bool = False) -> dict[str, Any] | None:
+    def _maybe_eval(self, initial: bool = False, final: bool = False) -> dict[str, Any] | None:
         every, step = self.args.eval_every, self.step
         if not self.has_eval:
             return None
-        due = (initial and every > 0 and step == 0) or (
-            not initial and ((every > 0 and step % every == 0) or step == self.args.max_steps)
-        )
+        due = (initial and every > 0 and step == 0) or (not initial and (final or (every > 0 and step % every == 0)))
         if not due:
             return None
-        record = {"step": step, "split": "eval", **self.evaluate(), "lr": self.scheduler.get_last_lr()[0]}
+        record = {"step": step, "split": "eval", **self.evaluate(), "lr": self.lr}
         record["elapsed_s"] = self.elapsed_s
         self.metrics.write(record)
         if self.context.is_main:
@@ -291,9 +305,7 @@ class Trainer:
     # ---- saving --------------------------------------------------------------------------------------------
     def _save(self) -> None:
         state = ResumeState(self.step, self.stream.state, self.elapsed_s)
-        save_checkpoint(
-            self.args.out, self.model, self.optimizer, self.scheduler, state, self.args.to_json(), self.context
-        )
+        save_checkpoint(self.args.out, self.model, self.optimizer, state, self.args.to_json(), self.context)
 
     def _save_final(self) -> None:
         """The finished model and its tokenizer in OUT: loads with from_pretrained and fine-tunes."""

@@ -28,6 +28,10 @@ class TrainingArgs:
     """Continue pretraining a checkpoint folder or built-in name (e.g. minilm) instead of starting from scratch."""
     max_steps: int = 1000
     """Optimizer steps of the whole run (the schedule decays to zero at this step)."""
+    time_budget_minutes: float | None = None
+    """Wall-clock budget of the run (evaluations included): the schedule decays to zero when the budget or
+    max_steps runs out, whichever comes first. The run then depends on the machine's speed (not bit-for-bit
+    reproducible); leave it unset for exact resumption."""
     batch_size: int = 32
     """Sequences per optimizer step, over all processes and accumulation steps (the global batch)."""
     micro_batch_size: int | None = None
@@ -101,6 +105,8 @@ class TrainingArgs:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.time_budget_minutes is not None and self.time_budget_minutes <= 0:
+            raise ValueError(f"time_budget_minutes must be positive, got {self.time_budget_minutes}")
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0, got {self.max_grad_norm}")
 

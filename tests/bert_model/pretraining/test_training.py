@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from bert_model.heads import BertForPreTraining
 from bert_model.pretraining.dataset import InstanceStream, collate
 from bert_model.pretraining.metrics import read_metrics
-from bert_model.pretraining.optim import Lamb, build_optimizer, lr_multiplier, parameter_groups
+from bert_model.pretraining.optim import Lamb, WarmupLinearSchedule, build_optimizer, lr_multiplier, parameter_groups
 from bert_model.pretraining.shards import DataMeta
 from bert_model.pretraining.trainer import pretrain
 from bert_model.pretraining.training_args import TrainingArgs
@@ -171,6 +171,25 @@ def test_warmup_then_linear_decay() -> None:
     assert values[99] == pytest.approx(1 / 90)
     assert all(a <= b for a, b in itertools.pairwise(values[:10]))
     assert all(a >= b for a, b in itertools.pairwise(values[10:]))
+
+
+def test_time_budget_ends_the_schedule(data_folder: Path, tiny_config: Path, tmp_path: Path) -> None:
+    result = pretrain(_args(data_folder, tmp_path, tiny_config, max_steps=10**6, time_budget_minutes=0.03))
+    assert result.completed and 1 < result.step < 10**6
+    assert 1.8 <= result.elapsed_s < 4.0
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+    assert lrs[-1] < 0.1 * max(lrs)  # decayed (nearly) to zero as the time ran out
+    assert (tmp_path / "model.safetensors").is_file()
+
+
+def test_schedule_follows_steps_or_the_time_budget() -> None:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    steps = WarmupLinearSchedule(optimizer, 0.5, warmup_steps=10, total_steps=100)
+    assert steps.apply(0) == pytest.approx(0.05) and optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert steps.apply(55, elapsed_s=1e9) == pytest.approx(0.25)  # no budget: time does not matter
+    timed = WarmupLinearSchedule(optimizer, 0.5, warmup_steps=10, total_steps=100, budget_s=60.0)
+    assert timed.apply(5, elapsed_s=33.0) == pytest.approx(0.5 * 45 / 90)  # 33 s of 60 = step 55 of 100
+    assert not timed.finished(5, 59.0) and timed.finished(5, 60.0) and timed.finished(100, 0.0)
 
 
 def test_no_decay_on_biases_and_layernorm_and_tied_weights_once(tiny_config: Path) -> None:
