@@ -29,7 +29,7 @@ from bert_model.pretraining.distributed import DistContext, barrier
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "trainer_state.pt"
 # Options that must not change between a run and its resumption (they change what the steps compute).
-RESUME_INVARIANTS = ("batch_size", "seed", "optimizer", "max_steps")
+RESUME_INVARIANTS = ("batch_size", "seed", "optimizer", "max_steps", "data_fingerprint")
 
 
 @dataclass

@@ -23,6 +23,7 @@ as concatenated token arrays plus offsets, so a sequence is `input_ids[offsets[i
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -75,6 +76,10 @@ class DataMeta:
     corpus: list[str]
     splits: dict[str, SplitInfo] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+
+    def fingerprint(self) -> str:
+        """A short hash of this metadata (options, counts, shard sizes): differs when the data differs."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
     def save(self, folder: Path) -> Path:
         path = folder / META_FILE

@@ -147,7 +147,7 @@ class Trainer:
             out.mkdir(parents=True, exist_ok=True)
 
     def _resume(self) -> None:
-        state = load_checkpoint(self.args.out, self.model, self.optimizer, self.args.to_json(), self.context)
+        state = load_checkpoint(self.args.out, self.model, self.optimizer, self._run_identity(), self.context)
         self.step, self.elapsed_s = state.step, state.elapsed_s
         self.stream.state = state.stream
         self.metrics.truncate_after(self.step)
@@ -305,13 +305,17 @@ class Trainer:
     # ---- saving --------------------------------------------------------------------------------------------
     def _save(self) -> None:
         state = ResumeState(self.step, self.stream.state, self.elapsed_s)
-        save_checkpoint(self.args.out, self.model, self.optimizer, state, self.args.to_json(), self.context)
+        save_checkpoint(self.args.out, self.model, self.optimizer, state, self._run_identity(), self.context)
 
     def _save_final(self) -> None:
         """The finished model and its tokenizer in OUT: loads with from_pretrained and fine-tunes."""
         if self.context.is_main:
             self.model.save_pretrained(self.args.out)
             self.tokenizer.save(self.args.out)
+
+    def _run_identity(self) -> dict[str, Any]:
+        """The options a resumed run must share with the original, and a fingerprint of its data folder."""
+        return self.args.to_json() | {"data_fingerprint": self.meta.fingerprint()}
 
     def _write_args(self) -> None:
         if self.context.is_main:

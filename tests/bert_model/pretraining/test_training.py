@@ -89,6 +89,19 @@ def test_existing_run_needs_resume_and_resume_needs_a_run(data_folder: Path, tin
         pretrain(_args(data_folder, tmp_path, tiny_config, max_steps=2, batch_size=4, resume=True))
 
 
+def test_resume_on_other_data_is_refused(
+    data_folder: Path, corpus_file: Path, tiny_config: Path, tmp_path: Path
+) -> None:
+    from bert_model.pretraining.build import DataOptions, build_pretraining_data
+
+    pretrain(_args(data_folder, tmp_path / "run", tiny_config, max_steps=4, stop_after=2))
+    tokenizer = BertTokenizer.from_pretrained(data_folder / "tokenizer")
+    options = DataOptions(max_seq_length=48, dupe_factor=1, dynamic_masking=True, seed=99)
+    build_pretraining_data([corpus_file], tokenizer, tmp_path / "other", options)
+    with pytest.raises(ValueError, match="data_fingerprint"):
+        pretrain(_args(tmp_path / "other", tmp_path / "run", tiny_config, max_steps=4, resume=True))
+
+
 def test_sequence_length_above_the_model_positions_is_refused(
     data_folder: Path, tiny_config: Path, tmp_path: Path
 ) -> None:
