@@ -107,6 +107,10 @@ def _target_section(label: str, target: dict[str, Any]) -> list[str]:
         ]
     else:
         lines += [f"External service at {target.get('http_url') or ''} {target.get('grpc_target') or ''}.", ""]
+    cpu = [f"{name} {target[key]:.1f}" for name, key in (("server", "server_cpu_s"), ("locust", "loadgen_cpu_s"))
+           if target.get(key) is not None]  # fmt: skip
+    if cpu:
+        lines += [f"CPU seconds used while the load ran: {', '.join(cpu)}.", ""]
     lines += [endpoint_table(target["summary"]), ""]
     if target["summary"].get("stages"):
         lines += ["Per stage (the first 2 s of each stage, while users arrive, left out):", ""]

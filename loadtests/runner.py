@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -242,8 +243,13 @@ def _watch(process: subprocess.Popen[bytes], progress_path: Path, label: str, pr
     return int(process.returncode)
 
 
-def run_locust(target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO) -> list[Sample]:
-    """Drive `target` with the profile; the samples of every request."""
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_locust(target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO) -> tuple[list[Sample], float]:
+    """Drive `target` with the profile; the samples of every request and locust's CPU seconds."""
     config_path = run_dir / f"{target.label}_config.json"
     samples_path = run_dir / f"{target.label}_samples.csv"
     progress_path = run_dir / f".{target.label}_progress.json"
@@ -262,9 +268,11 @@ def run_locust(target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO
     command = locust_command(target, config_path, run_dir / target.label)
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(run_dir / f"{target.label}_locust.log", "w") as log:
+        cpu_before = _children_cpu_s()  # locust is the only child reaped until it ends
         process = subprocess.Popen(command, cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
         try:
             code = _watch(process, progress_path, target.label, plan.profile, out)
+            loadgen_cpu_s = round(_children_cpu_s() - cpu_before, 2)
         finally:
             if process.poll() is None:
                 process.kill()
@@ -272,7 +280,7 @@ def run_locust(target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO
     if code != 0 or not samples_path.exists():
         tail = "\n".join((run_dir / f"{target.label}_locust.log").read_text(errors="replace").splitlines()[-15:])
         raise LoadGeneratorError(f"locust failed for {target.label} (exit {code}):\n{tail}")
-    return read_samples(samples_path)
+    return read_samples(samples_path), loadgen_cpu_s
 
 
 def run_target(target: Target, plan: Plan, run_dir: Path, options: RunOptions, out: TextIO) -> dict[str, Any]:
@@ -290,9 +298,13 @@ def run_target(target: Target, plan: Plan, run_dir: Path, options: RunOptions, o
         out.write(f"starting {target.label}: {' '.join(target.command[1:])}\n")
         with RunningServer(target, run_dir / f"{target.label}_server.log") as server:
             info["ready_s"] = round(server.wait_ready(options.startup_timeout_s), 2)
-            samples = run_locust(target, plan, run_dir, options.seed, out)
+            server_start = server.cpu_seconds()
+            samples, info["loadgen_cpu_s"] = run_locust(target, plan, run_dir, options.seed, out)
+            server_end = server.cpu_seconds()
+        if server_start is not None and server_end is not None:
+            info["server_cpu_s"] = round(server_end - server_start, 2)
     else:
-        samples = run_locust(target, plan, run_dir, options.seed, out)
+        samples, info["loadgen_cpu_s"] = run_locust(target, plan, run_dir, options.seed, out)
     info["summary"] = summarize(samples, plan.profile.warmup_s)
     if len(plan.profile.stages) > 1:
         info["summary"]["stages"] = stage_figures(samples, [(s.end_s, s.users) for s in plan.profile.stages])

@@ -150,6 +150,16 @@ class RunningServer:
             time.sleep(0.25)
         raise TargetStartError(f"{self.target.label} not ready after {timeout_s:.0f}s ({what}):\n{self.log_tail()}")
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU seconds the server process has used so far (Linux /proc; None elsewhere)."""
+        if self.process is None:
+            return None
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
     def log_tail(self, lines: int = 15) -> str:
         if self._log is not None:
             self._log.flush()
