@@ -64,6 +64,8 @@ class BatchConfig:
     """Budget of one call in padded tokens (rows x longest row); a single longer feature still runs alone."""
     max_wait_s: float = 0.002
     """Longest the oldest waiting feature waits for a batch to fill."""
+    max_padding: float | None = None
+    """Padding allowed in a batch, as a fraction of its real tokens (None = pad freely)."""
     max_queue: int = 512
     """Most features waiting (or, in passthrough, in flight); beyond it requests are rejected at once."""
     max_concurrency: int = 1
@@ -78,6 +80,8 @@ class BatchConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s}")
+        if self.max_padding is not None and self.max_padding < 0:
+            raise ValueError(f"max_padding must be >= 0, got {self.max_padding}")
 
 
 @dataclass
@@ -328,41 +332,55 @@ class Batcher:
         self._notify_depth()
 
     def _take_batch(self) -> list[_Item]:
-        """Cut a batch out of the length-sorted queue around the oldest feature."""
+        """Cut a batch out of the length-sorted queue around the oldest feature.
+
+        The window grows towards the neighbour closer in length while the batch stays within the row limit, the
+        token budget, and the optional padding limit (padded tokens <= (1 + max_padding) x real tokens).
+        """
         ordered = sorted(self._pending, key=lambda item: (item.length, item.arrival))
         oldest = min(self._pending, key=lambda item: item.arrival)
         anchor = ordered.index(oldest)
         low, high = anchor, anchor  # inclusive window in `ordered`
-        longest = oldest.length
+        longest, real = oldest.length, oldest.length
         while high - low + 1 < self.config.max_batch_size:
-            grown = self._grow(ordered, low, high, longest)
+            grown = self._grow(ordered, low, high, longest, real)
             if grown is None:
                 break
-            low, high, longest = grown
+            low, high, longest, real = grown
         chosen = ordered[low : high + 1]
         taken = {id(item) for item in chosen}
         self._pending = [item for item in self._pending if id(item) not in taken]
         self._notify_depth()
         return chosen
 
-    def _grow(self, ordered: list[_Item], low: int, high: int, longest: int) -> tuple[int, int, int] | None:
+    def _grow(
+        self, ordered: list[_Item], low: int, high: int, longest: int, real: int
+    ) -> tuple[int, int, int, int] | None:
         rows = high - low + 2
-        budget = self.config.max_batch_tokens
         left = ordered[low - 1] if low > 0 else None
         right = ordered[high + 1] if high + 1 < len(ordered) else None
-        left_ok = left is not None and rows * longest <= budget
-        right_ok = right is not None and rows * max(longest, right.length) <= budget
+        left_ok = left is not None and self._fits(rows, longest, real + left.length)
+        right_ok = right is not None and self._fits(rows, max(longest, right.length), real + right.length)
         if left_ok and right_ok:
             assert left is not None and right is not None
             # the neighbour closer in length to the window adds less padding
-            prefer_left = longest - left.length <= right.length - longest
-            return (low - 1, high, longest) if prefer_left else (low, high + 1, max(longest, right.length))
+            if longest - left.length <= right.length - longest:
+                right_ok = False
+            else:
+                left_ok = False
         if left_ok:
-            return low - 1, high, longest
+            assert left is not None
+            return low - 1, high, longest, real + left.length
         if right_ok:
             assert right is not None
-            return low, high + 1, max(longest, right.length)
+            return low, high + 1, max(longest, right.length), real + right.length
         return None
+
+    def _fits(self, rows: int, longest: int, real: int) -> bool:
+        padded = rows * longest
+        if padded > self.config.max_batch_tokens:
+            return False
+        return self.config.max_padding is None or padded <= (1 + self.config.max_padding) * real
 
     # ---- running a batch --------------------------------------------------------------------------
     async def _execute(self, batch: list[_Item]) -> None:

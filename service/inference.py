@@ -141,6 +141,7 @@ class InferenceService:
             max_batch_size=settings.effective_max_batch_size,
             max_batch_tokens=max(settings.max_batch_tokens, bundle.manifest.max_seq_length),
             max_wait_s=settings.max_wait_ms / 1000 if settings.batching else 0.0,
+            max_padding=settings.max_padding,
             max_queue=settings.max_queue,
             max_concurrency=settings.max_concurrent_batches,
             passthrough=backend.batches_itself,
@@ -193,6 +194,7 @@ class InferenceService:
             intra_op_threads=settings.ort_intra_op_threads,
             inter_op_threads=settings.ort_inter_op_threads,
             workers=settings.inference_threads,
+            spinning=settings.ort_spinning,
         )
 
     async def _warm_up(self, model: LoadedModel) -> None:

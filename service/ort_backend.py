@@ -102,6 +102,7 @@ class OrtBackend:
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
         workers: int = 1,
+        spinning: bool = False,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
         self.manifest = manifest
@@ -109,6 +110,7 @@ class OrtBackend:
         self.output_names = list(manifest.output_names)
         self._intra = intra_op_threads
         self._inter = inter_op_threads
+        self._spinning = spinning
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ort-{manifest.name}")
         self._session: ort.InferenceSession | None = None
         self._compiled: Any = None  # an OpenVINO CompiledModel for OpenVINO variants
@@ -154,6 +156,9 @@ class OrtBackend:
         options.intra_op_num_threads = self._intra
         options.inter_op_num_threads = self._inter
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # spinning workers burn the cores that the event loop and tokenization need between calls
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self._spinning else "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "1" if self._spinning else "0")
         options.log_severity_level = 3
         providers = [CUDA, CPU] if self.provider == CUDA else [CPU]
         path = self.bundle_dir / self.manifest.variants[self.variant].file

@@ -230,3 +230,18 @@ def test_batch_config_is_validated() -> None:
         BatchConfig(max_batch_size=0)
     with pytest.raises(ValueError, match="max_wait_s"):
         BatchConfig(max_wait_s=-1)
+
+
+def test_padding_limit_keeps_batches_tight() -> None:
+    async def go() -> FakeBackend:
+        backend = FakeBackend(delay=0.01)
+        batcher = make(backend, max_batch_size=64, max_wait_s=0.02, max_padding=0.25)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        lengths = [10, 11, 12, 40, 41, 42, 10, 11, 40]
+        await asyncio.gather(*(batcher.submit([feat(n, i)], deadline) for i, n in enumerate(lengths)))
+        await batcher.close()
+        return backend
+
+    backend = run(go())
+    assert sorted(backend.calls) == [(4, 42), (5, 12)]  # short and long rows never share a batch
