@@ -70,7 +70,8 @@ def choose_variant(manifest: BundleManifest, device: str = "auto", forced: str |
         raise ValueError("device cuda was asked for, but this ONNX Runtime has no CUDAExecutionProvider")
     use_gpu = device == "cuda" or (device == "auto" and cuda_available())
     preferred = [manifest.default_variants.get("gpu")] if use_gpu else []
-    preferred.append(manifest.default_variants.get("cpu"))
+    # "cpu-onnxruntime": the export step's CPU choice for when the OpenVINO runtime is absent
+    preferred += [manifest.default_variants.get("cpu"), manifest.default_variants.get("cpu-onnxruntime")]
     for name in preferred:
         if name is not None and runnable(manifest.variants[name].provider):
             return name, manifest.variants[name].provider

@@ -52,6 +52,9 @@ def test_variant_choice_follows_hardware_and_runtimes(monkeypatch: pytest.Monkey
     monkeypatch.setattr(ort_backend, "cuda_available", lambda: True)
     assert choose_variant(bundle) == ("gpu-fp16", "CUDAExecutionProvider")
     assert choose_variant(bundle, device="cpu") == ("cpu-int8", "CPUExecutionProvider")
+    fallback = manifest(FULL, {"cpu": "openvino-int8", "cpu-onnxruntime": "cpu-fp32"})
+    monkeypatch.setattr(ort_backend, "openvino_available", lambda: False)
+    assert choose_variant(fallback, device="cpu") == ("cpu-fp32", "CPUExecutionProvider")  # the export's fallback
     gpu_only = manifest({"gpu-fp16": FULL["gpu-fp16"]}, {"gpu": "gpu-fp16"})
     monkeypatch.setattr(ort_backend, "cuda_available", lambda: False)
     with pytest.raises(ValueError, match="no variant this process can run"):
