@@ -1,4 +1,4 @@
-"""The served default models answer like `bertserve evaluate` on real data (SQuAD paragraphs, CoNLL sentences).
+"""The served default models answer like `bertserve evaluate` on real data (SST-2, SQuAD paragraphs, CoNLL).
 
 Needs the default task models (`make default-models`) and their bundles (`make bundles`), and ../shared/data;
 skips with the reason otherwise. The service runs the bundle's cpu-fp32 variant (the graph closest to PyTorch);
@@ -24,24 +24,30 @@ BUNDLES = REPO / "artifacts" / "bundles"
 LIMIT = 60
 
 
-def _bundle(name: str) -> Path:
-    folder = BUNDLES / name
-    if not (folder / "manifest.json").is_file():
-        pytest.skip(f"no bundle {folder}: run `make bundles` (needs the default models)")
+def _available(name: str) -> bool:
+    if not (BUNDLES / name / "manifest.json").is_file():
+        return False
     try:
         from bert_model.registry import resolve_model_path
 
         resolve_model_path(name)
-    except FileNotFoundError as error:
-        pytest.skip(str(error))
-    return folder
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _need(name: str) -> None:
+    if not _available(name):
+        pytest.skip(f"no default model + bundle {name}: run `make default-models` and `make bundles`")
 
 
 @pytest.fixture(scope="module")
 def defaults_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    bundles = [_bundle("minilm-squad"), _bundle("minilm-conll03")]
+    names = [name for name in ("minilm-sst2", "minilm-squad", "minilm-conll03") if _available(name)]
+    if not names:
+        pytest.skip("no default model has a bundle yet: run `make default-models` and `make bundles`")
     log = tmp_path_factory.mktemp("defaults") / "server.log"
-    server = ServerProcess(bundles, log, {"BERTSERVE_VARIANT": "cpu-fp32"})
+    server = ServerProcess([BUNDLES / name for name in names], log, {"BERTSERVE_VARIANT": "cpu-fp32"})
     try:
         server.wait_ready(300)
         yield server
@@ -54,7 +60,24 @@ def _evaluate(model: str, data: Path, out: Path) -> None:
     subprocess.run([*command, "--limit", str(LIMIT)], cwd=REPO, check=True, timeout=900, capture_output=True)
 
 
+def test_sst2_labels_match_evaluate(defaults_server: ServerProcess, data_dir: Path, tmp_path: Path) -> None:
+    _need("minilm-sst2")
+    _evaluate("minilm-sst2", data_dir / "sst2" / "dev.half-a.tsv", tmp_path / "pred.jsonl")
+    records = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    texts = [record["text"] for record in records]
+    served = httpx.post(defaults_server.url + "/classify", json={"inputs": texts, "model": "minilm-sst2"}, timeout=120)
+    assert served.status_code == 200, served.text
+    agree = 0
+    for record, result in zip(records, served.json(), strict=True):
+        agree += result[0]["label"] == record["label"]
+        if result[0]["label"] == record["label"]:
+            assert result[0]["score"] == pytest.approx(record["score"], abs=2e-3)
+    print(f"sst2: {agree}/{len(records)} labels agree with bertserve evaluate")
+    assert agree / len(records) >= 0.97, f"{agree}/{len(records)} labels agree"
+
+
 def test_squad_answers_match_evaluate(defaults_server: ServerProcess, data_dir: Path, tmp_path: Path) -> None:
+    _need("minilm-squad")
     from bert_model.tasks.readers import read_squad
 
     data = data_dir / "squad_v1.1" / "dev-v1.1.half-a.json"
@@ -68,10 +91,12 @@ def test_squad_answers_match_evaluate(defaults_server: ServerProcess, data_dir: 
             got = client.post("/qa", json={"question": example.question, "context": example.context}).json()
             assert example.context[got["start"] : got["end"]] == got["answer"]
             agree += got["answer"].strip() == answer.strip()
+    print(f"squad: {agree}/{len(expected)} answers agree with bertserve evaluate")
     assert agree / len(expected) >= 0.9, f"{agree}/{len(expected)} answers agree"
 
 
 def test_conll_entities_match_evaluate(defaults_server: ServerProcess, data_dir: Path, tmp_path: Path) -> None:
+    _need("minilm-conll03")
     data = data_dir / "conll2003" / "iob2" / "valid.txt"
     _evaluate("minilm-conll03", data, tmp_path / "pred.txt")
     sentences = [block.splitlines() for block in (tmp_path / "pred.txt").read_text().strip().split("\n\n")]
@@ -92,6 +117,7 @@ def test_conll_entities_match_evaluate(defaults_server: ServerProcess, data_dir:
                 assert text[entity["start"] : entity["end"]] == entity["word"]
             total += len(expected | served)
             agree += len(expected & served)
+    print(f"conll: {agree}/{total} entities agree with bertserve evaluate")
     assert total == 0 or agree / total >= 0.9, f"{agree}/{total} entities agree"
 
 
