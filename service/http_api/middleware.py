@@ -114,7 +114,9 @@ class MetricsMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+                server_ms = f"{(time.perf_counter() - start) * 1000:.3f}".encode()
+                extra = [(b"x-request-id", request_id.encode()), (b"x-server-time-ms", server_ms)]
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
         try:

@@ -48,6 +48,8 @@ async def _blast(url: str, clients: int, duration: float, per_request: int) -> d
                 start = time.perf_counter()
                 response = await client.post("/classify", json=body)
                 by_status.setdefault(response.status_code, []).append((time.perf_counter() - start) * 1000)
+                server_ms = float(response.headers.get("x-server-time-ms", "nan"))
+                by_status.setdefault(-response.status_code, []).append(server_ms)  # negative key: server-side
                 index += 1
 
         await asyncio.gather(*(user(i) for i in range(clients)))
@@ -55,21 +57,27 @@ async def _blast(url: str, clients: int, duration: float, per_request: int) -> d
 
 
 def test_overload_rejects_fast_and_bounds_accepted_latency(small_queue_server: ServerProcess) -> None:
-    # 32 clients x 32 sequences = 1024 sequences in flight against a queue of 64: many times capacity
-    result = asyncio.run(_blast(small_queue_server.url, clients=32, duration=6, per_request=32))
-    assert set(result) <= {200, 429}, {k: len(v) for k, v in result.items()}
+    # 32 clients x 48 sequences = 1536 sequences in flight against a queue of 64: one request fits at a time
+    result = asyncio.run(_blast(small_queue_server.url, clients=32, duration=6, per_request=48))
+    assert set(result) <= {200, 429, -200, -429}, {k: len(v) for k, v in result.items()}
     accepted, rejected = result.get(200, []), result.get(429, [])
+    server_reject_p50, server_reject_p99 = np.percentile(result.get(-429, [0.0]), [50, 99])
+    server_accept_p50 = float(np.percentile(result.get(-200, [0.0]), 50))
+    # inside the server a rejection is decided before any tokenization or queueing
+    assert server_reject_p50 < server_accept_p50 / 2 and server_reject_p99 < 250, (server_reject_p50, server_reject_p99)
     assert len(rejected) >= 50 and len(accepted) >= 20, (len(accepted), len(rejected))
     reject_p50, reject_p99 = np.percentile(rejected, [50, 99])
     accept_p99 = float(np.percentile(accepted, 99))
     assert reject_p50 < accept_p99  # rejections never wait in the queue (client-side times include CPU contention)
-    assert reject_p99 < 1000, reject_p99
+    assert reject_p99 < 2000, reject_p99  # client-side, on 2 cores shared with the clients
     assert accept_p99 < 5000, accept_p99  # bounded by the queue, far below the 10 s timeout
     response = httpx.post(small_queue_server.url + "/classify", json={"inputs": "still alive"}, timeout=30)
     assert response.status_code == 200
     print(
         f"overload: {len(accepted)} accepted (p50 {np.percentile(accepted, 50):.0f} ms, p99 {accept_p99:.0f} ms), "
-        f"{len(rejected)} rejected with 429 (p50 {reject_p50:.0f} ms, p99 {reject_p99:.0f} ms)"
+        f"{len(rejected)} rejected with 429 (p50 {reject_p50:.0f} ms, p99 {reject_p99:.0f} ms; "
+        f"server-side p50 {server_reject_p50:.2f} ms, p99 {server_reject_p99:.2f} ms; accepted server-side p50 "
+        f"{server_accept_p50:.1f} ms)"
     )
     metrics = httpx.get(small_queue_server.url + "/metrics").text
     assert 'bertserve_rejected_total{model="tiny-classify",reason="queue_full"}' in metrics
@@ -102,7 +110,7 @@ def test_memory_is_flat_over_a_soak(small_queue_server: ServerProcess) -> None:
         results = await asyncio.gather(_blast(small_queue_server.url, 32, duration, 8), sample())
         return results[0]
 
-    result = asyncio.run(soak())
+    result = {k: v for k, v in asyncio.run(soak()).items() if k > 0}
     assert set(result) <= {200, 429}
     warm = [rss for t, rss in samples if t >= 60] or [rss for _, rss in samples]
     first, last = np.mean(warm[: max(1, len(warm) // 4)]), np.mean(warm[-max(1, len(warm) // 4) :])
