@@ -54,7 +54,7 @@ proto: install
 
 # The README's first command: install, build the default bundles if absent, serve REST :8000 + gRPC :50051.
 serve: install proto
-	@for name in $(DEFAULT_BUNDLES); do test -f $(BUNDLES_DIR)/$$name/manifest.json || { $(MAKE) bundles && break; }; done
+	@for name in $(DEFAULT_BUNDLES); do test -f $(BUNDLES_DIR)/$$name/manifest.json || { $(MAKE) bundles || exit 1; break; }; done
 	$(VENV)/bin/bertserve serve
 
 # A separate venv with nvidia-pytriton (a real Triton server; needs numpy<2) for the Triton backend test.
