@@ -172,17 +172,20 @@ class _SplitBuilder:
         return split == "eval" or not self.options.dynamic_masking
 
     def _write_block(self, documents: list[Document], split: str, block: int, writer: ShardWriter) -> None:
-        tokenized = [doc for doc in self._tokenize(documents) if doc]
-        if len(tokenized) < 2:
+        kept = [
+            (doc, document.source) for doc, document in zip(self._tokenize(documents), documents, strict=True) if doc
+        ]
+        if len(kept) < 2:
             return  # nothing to pair with; the caller reports a corpus of one document
+        tokenized = [doc for doc, _ in kept]
         rng = np.random.default_rng([self.options.seed, 1 if split == "train" else 2, block])
         dupes = self.options.dupe_factor if split == "train" else 1
-        instances = [
-            instance
-            for _ in range(dupes)
-            for index in range(len(tokenized))
-            for instance in create_instances_from_document(tokenized, index, self.pairs, rng)
-        ]
+        instances = []
+        for _ in range(dupes):
+            for index, (_, source) in enumerate(kept):
+                for instance in create_instances_from_document(tokenized, index, self.pairs, rng):
+                    instance.source = source
+                    instances.append(instance)
         for position in rng.permutation(len(instances)):
             instance = instances[position]
             ids = np.asarray(instance.input_ids)

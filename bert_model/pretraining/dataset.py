@@ -38,6 +38,7 @@ class MaskedInstance:
     labels: np.ndarray
     segment_b_start: int
     next_sentence_label: int
+    source: int = 0
 
 
 class InstanceStream:
@@ -109,11 +110,12 @@ class InstanceStream:
         return shard, order
 
     def _masked(self, stored: StoredInstance, shard_index: int, index: int) -> MaskedInstance:
-        if stored.labels is not None:  # masked when the data was written
-            return MaskedInstance(stored.input_ids, stored.labels, stored.segment_b_start, stored.next_sentence_label)
-        rng = np.random.default_rng([self.seed, _DYNAMIC_MASK_STREAM, self.state.epoch, shard_index, index])
-        masked = mask_tokens(stored.input_ids, self.masking, self.vocab, rng, stored.word_start)
-        return MaskedInstance(masked.input_ids, masked.labels, stored.segment_b_start, stored.next_sentence_label)
+        labels, input_ids = stored.labels, stored.input_ids
+        if labels is None:  # dynamic masking: a fresh, reproducible mask for this epoch
+            rng = np.random.default_rng([self.seed, _DYNAMIC_MASK_STREAM, self.state.epoch, shard_index, index])
+            masked = mask_tokens(stored.input_ids, self.masking, self.vocab, rng, stored.word_start)
+            labels, input_ids = masked.labels, masked.input_ids
+        return MaskedInstance(input_ids, labels, stored.segment_b_start, stored.next_sentence_label, stored.source)
 
 
 def iter_split(folder: str | Path, meta: DataMeta, split: str, limit: int | None = None) -> Iterator[MaskedInstance]:

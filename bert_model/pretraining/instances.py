@@ -52,6 +52,8 @@ class TrainingInstance:
     """Index of the first token of B: token type 0 before it ([CLS] A [SEP]), 1 from it on (B [SEP])."""
     next_sentence_label: int
     """0 = IsNext (B follows A in the document), 1 = NotNext (B comes from another document)."""
+    source: int = 0
+    """Index of the corpus file A comes from (for per-source statistics)."""
 
     @property
     def token_type_ids(self) -> list[int]:

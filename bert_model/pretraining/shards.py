@@ -17,6 +17,7 @@ as concatenated token arrays plus offsets, so a sequence is `input_ids[offsets[i
 | `offsets` | int64 (N+1,) | start of each instance in the concatenated arrays |
 | `segment_b_start` | int32 (N,) | index of B's first token: token type 0 before it, 1 from it on |
 | `next_sentence_label` | int8 (N,) | 0 IsNext, 1 NotNext |
+| `source` | int16 (N,) | index of the corpus file (in `meta.json` `corpus`) that segment A comes from |
 | `labels` | int32 (T,) | static masking only: original id at chosen positions, -100 elsewhere |
 | `word_start` | uint8 (T,) | dynamic masking only: 1 at the first piece of each word (for whole-word masking) |
 """
@@ -145,6 +146,7 @@ def _pack(items: list[tuple[TrainingInstance, MaskedSequence | None]], static: b
         "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         "segment_b_start": np.array([i.segment_b_start for i, _ in items], dtype=np.int32),
         "next_sentence_label": np.array([i.next_sentence_label for i, _ in items], dtype=np.int8),
+        "source": np.array([i.source for i, _ in items], dtype=np.int16),
     }
     if static:
         arrays["input_ids"] = np.concatenate([m.input_ids for _, m in items if m is not None]).astype(np.int32)
@@ -164,6 +166,7 @@ class StoredInstance:
     next_sentence_label: int
     labels: np.ndarray | None = None
     word_start: np.ndarray | None = None
+    source: int = 0
 
 
 class Shard:
@@ -189,4 +192,5 @@ class Shard:
             next_sentence_label=int(self._arrays["next_sentence_label"][index]),
             labels=None if labels is None else labels[start:end].astype(np.int64),
             word_start=None if word_start is None else word_start[start:end].astype(bool),
+            source=int(self._arrays["source"][index]) if "source" in self._arrays else 0,
         )

@@ -127,7 +127,7 @@ class Trainer:
         if context.distributed:
             ids = [context.device.index] if context.device.type == "cuda" else None
             self.engine = DistributedDataParallel(self.model, device_ids=ids)
-        self._eval_batches: list[dict[str, torch.Tensor]] | None = None
+        self._eval_batches: list[tuple[dict[str, torch.Tensor], torch.Tensor]] | None = None
         # Batch widths rounded up to a multiple of 8 (when the positions allow): fewer distinct shapes for the
         # CPU kernels and the allocator to cache.
         fits = -(-self.meta.max_seq_length // 8) * 8 <= self.model.config.max_position_embeddings
@@ -281,25 +281,43 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """MLM loss/accuracy over the masked tokens and NSP loss/accuracy of the held-out instances."""
+        """MLM loss/accuracy over the masked tokens and NSP loss/accuracy of the held-out instances, overall and
+        per corpus file (`by_source`: accuracies of the instances whose segment A comes from that file)."""
         sums = Sums()
+        sources = len(self.meta.corpus)
+        per_source = torch.zeros(sources, 4, dtype=torch.float64)  # mlm hits, mlm count, nsp hits, nsp count
         self.model.eval()
         try:
-            for batch in self._eval_inputs():
+            for batch, source in self._eval_inputs():
                 with torch.autocast(self.context.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
                     output = self.model(**batch)
                 sums.add(*_batch_sums(output, batch))
+                per_source += _source_sums(output, batch, source, sources)
         finally:
             self.model.train()
         all_reduce_sum(sums.values, self.context)
-        return sums.summary()
+        all_reduce_sum(per_source, self.context)
+        by_source = {
+            Path(name).name: {
+                "mlm_acc": row[0] / max(row[1], 1),
+                "nsp_acc": row[2] / max(row[3], 1),
+                "sequences": int(row[3]),
+            }
+            for name, row in zip(self.meta.corpus, per_source.tolist(), strict=True)
+            if row[3] > 0
+        }
+        return sums.summary() | {"by_source": by_source}
 
-    def _eval_inputs(self) -> list[dict[str, torch.Tensor]]:
+    def _eval_inputs(self) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        """(batch, source of each row) pairs of this process's share of the held-out instances (cached)."""
         if self._eval_batches is None:
             instances = list(iter_split(self.args.data, self.meta, "eval", self.args.eval_max_instances))
             mine = instances[self.context.rank :: self.context.world_size]
             size = self.args.eval_batch_size
-            self._eval_batches = [self._tensors(mine[i : i + size]) for i in range(0, len(mine), size)]
+            self._eval_batches = [
+                (self._tensors(mine[i : i + size]), torch.tensor([x.source for x in mine[i : i + size]]))
+                for i in range(0, len(mine), size)
+            ]
         return self._eval_batches
 
     # ---- saving --------------------------------------------------------------------------------------------
@@ -335,3 +353,24 @@ def _batch_sums(
     mlm_hits = (output.prediction_logits.argmax(-1) == targets).sum()
     nsp_hits = (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).sum()
     return output.mlm_loss * masked, masked, mlm_hits, output.nsp_loss * sequences, sequences, nsp_hits
+
+
+def _source_sums(
+    output: PreTrainingOutput, batch: dict[str, torch.Tensor], source: torch.Tensor, sources: int
+) -> torch.Tensor:
+    """(sources, 4): MLM hits, masked tokens, NSP hits, sequences of one batch, by each row's source."""
+    labels = batch["labels"]
+    chosen = labels != IGNORE_INDEX
+    row_of_prediction = chosen.nonzero()[:, 0].cpu()  # prediction rows follow the chosen positions row-major
+    mlm_hit = (output.prediction_logits.argmax(-1) == labels[chosen]).double().cpu()
+    nsp_hit = (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).double().cpu()
+    prediction_source = source[row_of_prediction]
+    return torch.stack(
+        [
+            torch.bincount(prediction_source, weights=mlm_hit, minlength=sources),
+            torch.bincount(prediction_source, minlength=sources).double(),
+            torch.bincount(source, weights=nsp_hit, minlength=sources),
+            torch.bincount(source, minlength=sources).double(),
+        ],
+        dim=1,
+    )

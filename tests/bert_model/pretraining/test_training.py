@@ -51,6 +51,10 @@ def test_loss_falls_and_the_run_folder_loads(data_folder: Path, tiny_config: Pat
     assert evals[-1]["mlm_loss"] < evals[0]["mlm_loss"] - 0.5
     for record in evals:
         assert {"step", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "split"} <= set(record)
+        by_source = record["by_source"]["corpus.txt"]  # one corpus file: its figures are the overall ones
+        assert by_source["sequences"] == record["sequences"]
+        assert by_source["mlm_acc"] == pytest.approx(record["mlm_acc"], abs=1e-6)
+        assert by_source["nsp_acc"] == pytest.approx(record["nsp_acc"], abs=1e-6)
     model = BertForPreTraining.from_pretrained(tmp_path)  # the final folder: weights + config + tokenizer
     tokenizer = BertTokenizer.from_pretrained(tmp_path)
     assert model.config.vocab_size == tokenizer.vocab_size
