@@ -133,8 +133,8 @@ $(PRETRAIN_DIR)/data/meta.json: $(PRETRAIN_DIR)/vocab/vocab.txt
 		--out $(PRETRAIN_DIR)/data --max-seq-length 128 --dupe-factor 5 --dynamic-masking --eval-fraction 0.1 --overwrite
 pretrain-demo: install $(PRETRAIN_DIR)/data/meta.json
 	OMP_WAIT_POLICY=PASSIVE $(CPU_LOCK) $(VENV)/bin/bertserve pretrain --config mini --data $(PRETRAIN_DIR)/data \
-		--out $(PRETRAIN_DIR)/run --max-steps 100000 --time-budget 28 --batch-size 64 --lr 1e-3 --dropout 0 --bf16 \
-		--eval-every 250 --eval-max-instances 1000 --log-every 25 --save-every 250 $(PRETRAIN_ARGS)
+		--out $(PRETRAIN_DIR)/run --max-steps 100000 --time-budget 28 --batch-size 32 --micro-batch-size 8 --lr 1e-3 \
+		--dropout 0 --bf16 --eval-every 500 --eval-max-instances 1000 --log-every 50 --save-every 500 $(PRETRAIN_ARGS)
 
 # Sequences/s of `mini` training steps, fp32 vs bf16 autocast, and a BERT-base GPU projection.
 bench-pretrain: install
