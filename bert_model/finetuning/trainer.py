@@ -104,6 +104,7 @@ class Trainer:
         self.total_steps = options.max_steps or max(1, math.ceil(options.epochs * self.batches_per_epoch))
         self.result = TrainResult()
         self._best_state: dict[str, torch.Tensor] | None = None
+        self._queue: list[list[int]] = []
 
     def train(self) -> TrainResult:
         optimizer = make_optimizer(self.model, self.options)
@@ -128,7 +129,7 @@ class Trainer:
 
     # ---- internals --------------------------------------------------------------------------------------
     def _next_batch(self) -> list[int]:
-        if not getattr(self, "_queue", None):
+        if not self._queue:  # a new epoch: a fresh random order
             self._queue = training_batches(
                 self.lengths, self.options.batch_size, self.rng, self.options.length_grouping
             )
