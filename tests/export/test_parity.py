@@ -25,6 +25,17 @@ def test_fp32_guard_is_max_abs_diff() -> None:
     assert "max |diff|" in result.message and "1e-04" in result.message
 
 
+def test_fp32_guard_ignores_padding_positions_of_token_outputs() -> None:
+    rows = feeds(1)
+    rows[0]["attention_mask"][0, 4:] = 0
+    reference = [{"logits": np.zeros((1, 6, 3), np.float32)}]
+    candidate = [{"logits": np.zeros((1, 6, 3), np.float32)}]
+    candidate[0]["logits"][0, 5] = 7.0  # a padding position
+    assert judge("ner", "fp32", reference, candidate, rows).figures["max_abs_diff"] == 0.0
+    candidate[0]["logits"][0, 3] = 1e-3  # a real token
+    assert not judge("ner", "fp32", reference, candidate, rows).passed
+
+
 def test_classify_guard_counts_label_agreement() -> None:
     reference = [{"logits": np.tile([[0.0, 1.0]], (100, 1)).astype(np.float32)}]
     candidate = [{"logits": reference[0]["logits"].copy()}]
