@@ -135,6 +135,9 @@ def pretrain(
     save_every: Annotated[int, typer.Option(help="Checkpoint every N steps (0: at the end / on stop).")] = 0,
     seed: Annotated[int, typer.Option(help="Seed of initialisation, data order, masks, dropout.")] = 42,
     dropout: Annotated[float | None, typer.Option(help="Override the model's dropout.")] = None,
+    position_init: Annotated[
+        str, typer.Option(help="Fresh position embeddings: normal (BERT) or sinusoidal (then learned).")
+    ] = "normal",
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
     stop_after: Annotated[int | None, typer.Option(help="Stop with a checkpoint after N steps of this call.")] = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")] = None,
@@ -168,6 +171,7 @@ def pretrain(
             save_every=save_every,
             seed=seed,
             dropout=dropout,
+            position_init=position_init,
             resume=resume,
             stop_after=stop_after,
             progress=progress,

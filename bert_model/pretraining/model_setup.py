@@ -4,13 +4,17 @@ checkpoint to continue (domain-adaptive pretraining, Gururangan et al. 2020), ch
 A fresh model takes its vocabulary size and [PAD] id from the data's tokenizer. `--init` keeps the checkpoint's
 encoder; heads absent from it (MiniLM ships none) start fresh, and the MLM decoder stays tied to the word
 embeddings. In both cases the data's `max_seq_length` must fit the model's position embeddings, and the data's
-vocabulary must be the model's.
+vocabulary must be the model's. A fresh model may start its (learned) position embeddings from sinusoids
+instead of noise (`position_init="sinusoidal"`, see `sinusoidal_positions_`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
+
+import torch
 
 from bert_model.config import PRESETS, BertConfig
 from bert_model.heads import BertForPreTraining
@@ -18,6 +22,24 @@ from bert_model.pretraining.shards import DataMeta
 from bert_model.tokenization import BertTokenizer
 
 logger = logging.getLogger(__name__)
+
+POSITION_INITS = ("normal", "sinusoidal")
+
+
+@torch.no_grad()
+def sinusoidal_positions_(weight: torch.Tensor, std: float) -> torch.Tensor:
+    """Overwrite a (positions, H) embedding with the sinusoids of Vaswani et al. (2017), section 3.5, scaled to
+    root-mean-square `std` (the scale of BERT's other embeddings). The embedding stays learned; only its
+    starting point changes: nearby positions start out similar, so attention to neighbouring tokens, which
+    masked LM needs first, has a consistent gradient from the first step."""
+    positions, hidden = weight.shape
+    position = torch.arange(positions, dtype=torch.float64)[:, None]
+    frequency = torch.exp(torch.arange(0, hidden, 2, dtype=torch.float64) * (-math.log(10000.0) / hidden))
+    table = torch.zeros(positions, hidden, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)[:, : hidden // 2]
+    weight.copy_((table * std * math.sqrt(2.0)).to(weight.dtype))  # sin/cos have RMS 1/sqrt(2)
+    return weight
 
 
 def resolve_config(config: str, tokenizer: BertTokenizer) -> BertConfig:
@@ -41,12 +63,19 @@ def build_model(
     config: str | None = None,
     init: str | None = None,
     dropout: float | None = None,
+    position_init: str = "normal",
 ) -> BertForPreTraining:
     """A `BertForPreTraining` in train mode, fresh (`config`) or continued (`init`), checked against the data."""
+    if position_init not in POSITION_INITS:
+        raise ValueError(f"position_init must be one of {POSITION_INITS}, got {position_init!r}")
     if init is not None:
+        if position_init != "normal":
+            raise ValueError("position_init applies to models trained from scratch (--config), not to --init")
         model = _continued(init, tokenizer)
     elif config is not None:
         model = BertForPreTraining(_with_dropout(resolve_config(config, tokenizer), dropout))
+        if position_init == "sinusoidal":
+            sinusoidal_positions_(model.bert.embeddings.position_embeddings.weight, model.config.initializer_range)
     else:
         raise ValueError("give a config (preset or config.json) or an init checkpoint")
     if init is not None and dropout is not None:

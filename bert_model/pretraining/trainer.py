@@ -109,7 +109,8 @@ class Trainer:
         self.tokenizer = BertTokenizer.from_pretrained(args.data / TOKENIZER_DIR)
         self._check_out_folder()
         torch.manual_seed(args.seed)  # the same initial weights in every process
-        self.model = build_model(self.meta, self.tokenizer, args.config, args.init, args.dropout).to(context.device)
+        model = build_model(self.meta, self.tokenizer, args.config, args.init, args.dropout, args.position_init)
+        self.model = model.to(context.device)
         self.optimizer = build_optimizer(self.model, args.optimizer, args.learning_rate, args.weight_decay)
         budget_s = None if args.time_budget_minutes is None else args.time_budget_minutes * 60
         self.schedule = WarmupLinearSchedule(

@@ -65,6 +65,9 @@ class TrainingArgs:
     """Seeds the model initialisation, the data order, dynamic masks and dropout."""
     dropout: float | None = None
     """Override hidden and attention dropout of the model config."""
+    position_init: str = "normal"
+    """Start of a fresh model's learned position embeddings: normal (BERT's N(0, 0.02)) or sinusoidal
+    (Vaswani et al. 2017, scaled to the same 0.02 RMS)."""
     resume: bool = False
     """Continue the run in `out` from its checkpoint (same data, batch and process count)."""
     stop_after: int | None = None

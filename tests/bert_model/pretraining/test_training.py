@@ -281,3 +281,19 @@ def test_pretrained_folder_loads_for_fine_tuning(data_folder: Path, tiny_config:
     assert torch.equal(
         classifier.bert.encoder.layer[0].output.dense.weight, pretrained.bert.encoder.layer[0].output.dense.weight
     )
+
+
+def test_sinusoidal_position_init(data_folder: Path, tiny_config: Path) -> None:
+    from bert_model.pretraining.model_setup import build_model
+
+    meta, tokenizer = DataMeta.load(data_folder), BertTokenizer.from_pretrained(data_folder / "tokenizer")
+    model = build_model(meta, tokenizer, config=str(tiny_config), position_init="sinusoidal")
+    table = model.bert.embeddings.position_embeddings.weight.detach()
+    assert table.pow(2).mean().sqrt().item() == pytest.approx(0.02, rel=1e-3)
+    assert table[0, 0].item() == 0.0 and table[0, 1].item() == pytest.approx(0.02 * math.sqrt(2), rel=1e-6)
+    similarity = torch.nn.functional.cosine_similarity(table[10], table[11:40], dim=-1)
+    assert similarity[0] > 0.9 and similarity[0] > similarity[-1] + 0.3  # nearer positions start out more alike
+    with pytest.raises(ValueError, match="position_init must be one of"):
+        build_model(meta, tokenizer, config=str(tiny_config), position_init="rotary")
+    with pytest.raises(ValueError, match="not to --init"):
+        build_model(meta, tokenizer, init="minilm", position_init="sinusoidal")
