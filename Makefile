@@ -134,7 +134,8 @@ $(PRETRAIN_DIR)/data/meta.json: $(PRETRAIN_DIR)/vocab/vocab.txt
 pretrain-demo: install $(PRETRAIN_DIR)/data/meta.json
 	OMP_WAIT_POLICY=PASSIVE $(CPU_LOCK) $(VENV)/bin/bertserve pretrain --config mini --data $(PRETRAIN_DIR)/data \
 		--out $(PRETRAIN_DIR)/run --max-steps 100000 --time-budget 28 --batch-size 32 --micro-batch-size 8 --lr 1e-3 \
-		--dropout 0 --bf16 --eval-every 500 --eval-max-instances 1000 --log-every 50 --save-every 500 $(PRETRAIN_ARGS)
+		--dropout 0 --position-init sinusoidal --bf16 --eval-every 500 --eval-max-instances 1000 --log-every 50 \
+		--save-every 500 $(PRETRAIN_ARGS)
 
 # Sequences/s of `mini` training steps, fp32 vs bf16 autocast, and a BERT-base GPU projection.
 bench-pretrain: install
