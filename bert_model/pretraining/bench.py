@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -108,6 +109,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     gpu_rate = args.gpu_peak_tflops * 1e12 * args.gpu_utilisation
     return {
         "cpu_threads": torch.get_num_threads(),
+        "load_average_1min_after": os.getloadavg()[0],  # > threads means other processes shared the cores
         "config": args.config,
         "vocab_size": args.vocab_size,
         "seq_length": args.seq_length,
@@ -130,7 +132,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _print_report(report: dict[str, Any]) -> None:
     print(
         f"# {report['config']} (vocab {report['vocab_size']}), batch {report['batch_size']} x {report['seq_length']} "
-        f"tokens, {report['cpu_threads']} CPU threads, {report['gflop_per_training_sequence']:.2f} GFLOP/sequence"
+        f"tokens, {report['cpu_threads']} CPU threads, {report['gflop_per_training_sequence']:.2f} GFLOP/sequence, "
+        f"load average {report['load_average_1min_after']:.1f}"
     )
     print("| precision | sequences/s | ms/step | achieved GFLOP/s |")
     print("|---|---|---|---|")
