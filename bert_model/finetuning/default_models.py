@@ -47,6 +47,8 @@ class DefaultModel:
     """Validation file (best-checkpoint selection and the reported figure), relative to the data folder."""
     training: TrainingOptions
     options: TaskOptions
+    move_articles_every: int | None = None
+    """SQuAD: article i of the eval file joins the training data unless i % this == 0 (those stay held out)."""
 
 
 def recipes() -> dict[str, DefaultModel]:
@@ -104,6 +106,9 @@ def recipes() -> dict[str, DefaultModel]:
                 lora=LoRAConfig(rank=32, alpha=64),
             ),
             options=QAOptions(max_seq_length=256, doc_stride=128, max_query_length=64, max_answer_length=30),
+            # The 11-article train subset alone reached F1 59.8 on dev.half-a: two thirds of the dev.half-a articles
+            # join the training data, and the reported figure is on the other third, never trained on.
+            move_articles_every=3,
         ),
     }
 
@@ -119,9 +124,10 @@ def build(name: str, data_dir: Path, target_root: Path = PRETRAINED_DIR) -> dict
             raise FileNotFoundError(f"{name} needs {path}: point --data at the shared data folder")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"{name}-") as work:
-        run = FinetuneRun(
-            recipe.task, "minilm", str(paths["train"]), work, str(paths["eval"]), recipe.training, recipe.options
-        )
+        train_path, eval_path = paths["train"], paths["eval"]
+        if recipe.move_articles_every:
+            train_path, eval_path = split_squad_articles(train_path, eval_path, recipe.move_articles_every, Path(work))
+        run = FinetuneRun(recipe.task, "minilm", str(train_path), work, str(eval_path), recipe.training, recipe.options)
         summary = finetune(run)
         target = target_root / name
         if target.exists():
@@ -136,6 +142,19 @@ def build(name: str, data_dir: Path, target_root: Path = PRETRAINED_DIR) -> dict
     if size > SIZE_LIMIT:
         raise ValueError(f"{target} holds {size / 2**20:.2f} MiB, over the 5 MiB budget of a default model")
     return record
+
+
+def split_squad_articles(train: Path, dev: Path, every: int, work: Path) -> tuple[Path, Path]:
+    """Write `train` + the dev articles i % every != 0 as the training file, the others as the eval file."""
+    train_data = json.loads(train.read_text(encoding="utf-8"))
+    dev_data = json.loads(dev.read_text(encoding="utf-8"))
+    moved = [a for i, a in enumerate(dev_data["data"]) if i % every != 0]
+    held = [a for i, a in enumerate(dev_data["data"]) if i % every == 0]
+    (work / "split").mkdir()
+    combined, held_out = work / "split" / "train.json", work / "split" / "eval.json"
+    combined.write_text(json.dumps({"version": "1.1", "data": train_data["data"] + moved}), encoding="utf-8")
+    held_out.write_text(json.dumps({"version": "1.1", "data": held}), encoding="utf-8")
+    return combined, held_out
 
 
 def _record(
@@ -155,6 +174,12 @@ def _record(
             kind: {"file": rel, "sha256": _sha256(paths[kind])}
             for kind, rel in (("train", recipe.train), ("eval", recipe.eval))
         },
+        "split": (
+            f"training = train file + the eval file's articles i % {recipe.move_articles_every} != 0; "
+            f"validation = its articles i % {recipe.move_articles_every} == 0 (never trained on)"
+            if recipe.move_articles_every
+            else "training = train file; validation = eval file"
+        ),
         "seed": recipe.training.seed,
         "steps": summary["steps"],
         "train_examples": summary["train_examples"],
