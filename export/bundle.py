@@ -224,7 +224,7 @@ def check_variant(name: str, path: Path, task: str, guard: GuardSet, reference: 
     recipe = RECIPES[name]
     run = recipe.runner(path)
     candidate = [run(batch) for batch in guard.batches]
-    result = judge(task, recipe.precision, reference, candidate, guard.batches)
+    result = judge(task, recipe.precision, reference, candidate, guard.batches, guard.gold)
     result.figures["guard_source"] = guard.source
     return result
 

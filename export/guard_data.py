@@ -58,6 +58,9 @@ class GuardSet:
     batches: list[dict[str, np.ndarray]]
     source: str
     """Where the texts came from (a file path or `built-in sentences`)."""
+    gold: list[list[list[tuple[int, int]]]] | None = None
+    """qa with reference answers: per batch, per row, the gold answers as (start, end) token spans (inclusive)
+    inside the window (empty when the answer was truncated away)."""
 
     @property
     def size(self) -> int:
@@ -107,7 +110,9 @@ def _squad_pairs(path: Path, limit: int) -> list[tuple[str, ...]]:
     pairs: list[tuple[str, ...]] = []
     for article in json.loads(path.read_text(encoding="utf-8"))["data"]:
         for paragraph in article["paragraphs"]:
-            pairs.extend((qa["question"], paragraph["context"]) for qa in paragraph["qas"])
+            for qa in paragraph["qas"]:
+                answers = [[a["answer_start"], a["text"]] for a in qa.get("answers", [])]
+                pairs.append((qa["question"], paragraph["context"], json.dumps(answers)))
             if len(pairs) >= limit:
                 return pairs[:limit]
     return pairs
@@ -139,4 +144,34 @@ def guard_set(
 ) -> GuardSet:
     """The guard inputs of `task`: a user file, else the real data set under `data_dir`, else built-ins."""
     rows, source = read_texts(task, data_dir, path, limit)
-    return GuardSet(task, tokenize_batches(rows, tokenizer, max_seq_len, batch_size), source)
+    gold = None
+    if task == "qa" and rows and all(len(row) == 3 for row in rows):
+        gold = qa_gold_spans(rows, tokenizer, max_seq_len, batch_size)
+    return GuardSet(task, tokenize_batches(rows, tokenizer, max_seq_len, batch_size), source, gold)
+
+
+def qa_gold_spans(
+    rows: list[tuple[str, ...]], tokenizer: BertTokenizer, max_seq_len: int, batch_size: int
+) -> list[list[list[tuple[int, int]]]]:
+    """The gold answers of (question, context, answers-JSON) rows as token spans of their (truncated) window."""
+    batches = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start : start + batch_size]
+        encodings = tokenizer.encode_batch(
+            [r[0] for r in chunk], [r[1] for r in chunk], max_length=max_seq_len, truncation="only_second"
+        )
+        spans = []
+        for row, encoding in zip(chunk, encodings, strict=True):
+            row_spans = []
+            for answer_start, text in json.loads(row[2]):
+                answer_end = answer_start + len(text)
+                tokens = [
+                    i
+                    for i, ((begin, end), segment) in enumerate(zip(encoding.offsets, encoding.type_ids, strict=True))
+                    if segment == 1 and end > begin and begin < answer_end and end > answer_start
+                ]
+                if tokens:
+                    row_spans.append((tokens[0], tokens[-1]))
+            spans.append(row_spans)
+        batches.append(spans)
+    return batches

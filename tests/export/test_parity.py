@@ -137,3 +137,29 @@ def minilm_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> t
     out = tmp_path_factory.mktemp("minilm-bundle") / "bundle"
     result = build_bundle(folder, out, max_seq_len=128, data_dir=data_dir)  # every default variant
     return out, result.refused
+
+
+def test_qa_with_gold_answers_is_judged_on_gold_f1() -> None:
+    start = np.array([[0.0, 0, 5, 0, 0, 0], [0.0, 0, 0, 5, 0, 0]], np.float32)
+    end = np.array([[0.0, 0, 0, 5, 0, 0], [0.0, 0, 0, 0, 5, 0]], np.float32)
+    reference = [{"start_logits": start, "end_logits": end}]
+    gold = [[[(2, 3)], [(3, 4)]]]  # fp32 finds both answers: F1 100
+    shifted = [{"start_logits": start, "end_logits": np.roll(end, 1, axis=1)}]  # ends one token late
+    result = judge("qa", "int8", reference, shifted, feeds(2), gold)
+    assert result.figures["gold_f1_fp32"] == 100.0
+    # row 0 predicts (2, 4): F1 0.8; row 1's late end is the final [SEP], not a context token: (3, 3), F1 2/3
+    assert result.figures["gold_f1"] == pytest.approx(100 * (0.8 + 2 / 3) / 2)
+    assert not result.passed and "gold F1 73.33 vs PyTorch fp32 100.00" in result.message
+    assert judge("qa", "int8", reference, reference, feeds(2), gold).passed
+
+
+def test_squad_guard_rows_carry_gold_token_spans(data_dir: Path) -> None:
+    from bert_model.tokenization import BertTokenizer
+    from export.guard_data import guard_set
+
+    tokenizer = BertTokenizer.from_pretrained("minilm")
+    guard = guard_set("qa", tokenizer, 384, data_dir=data_dir, limit=8, batch_size=4)
+    assert guard.gold is not None and len(guard.gold) == 2
+    ids = guard.batches[0]["input_ids"][0]
+    (start, end), *_ = guard.gold[0][0]
+    assert tokenizer.decode(ids[start : end + 1]) == "denver broncos"  # the first SQuAD v1.1 dev answer
