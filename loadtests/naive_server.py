@@ -8,8 +8,9 @@ can show where its time goes. `GET /health` answers once the models are loaded.
 
 Model folders: a full Hugging Face checkpoint is used as it is; a project model name or composite folder
 (base + adapter + head, see bert_model/adapters.py) is first saved as a plain checkpoint under
-`--cache-dir` with our `save_pretrained` (which writes Hugging Face's layout). This peer may use torch: it is
-not part of the product. Reference: https://huggingface.co/docs/transformers/main_classes/pipelines
+`--cache-dir` with our `save_pretrained` (which writes Hugging Face's layout), and rebuilt when the source
+changes. This peer may use torch: it is not part of the product.
+Reference: https://huggingface.co/docs/transformers/main_classes/pipelines
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ PIPELINE_TASKS = {"classify": "text-classification", "qa": "question-answering",
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 DEFAULT_CACHE = Path(__file__).resolve().parents[1] / "artifacts" / "peer"
+SOURCE_FILE = "source.json"
 
 
 def _is_plain_checkpoint(folder: Path) -> bool:
@@ -43,7 +45,8 @@ def hf_checkpoint(name_or_path: str, task: str, cache_dir: Path = DEFAULT_CACHE)
     if _is_plain_checkpoint(folder):
         return folder
     target = cache_dir / folder.name
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    stamp = _fingerprint(folder)
+    if (target / "model.safetensors").is_file() and _read_stamp(target) == stamp:
         return target
     from bert_model.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 
@@ -58,9 +61,24 @@ def hf_checkpoint(name_or_path: str, task: str, cache_dir: Path = DEFAULT_CACHE)
     for name in TOKENIZER_FILES:
         if (folder / name).is_file():
             shutil.copy(folder / name, scratch / name)
+    (scratch / SOURCE_FILE).write_text(json.dumps(stamp, indent=2))
     shutil.rmtree(target, ignore_errors=True)
     scratch.rename(target)
     return target
+
+
+def _fingerprint(folder: Path) -> dict[str, Any]:
+    """Where a cached plain checkpoint came from: the source folder and its files' sizes and times."""
+    files = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.iterdir()) if p.is_file()}
+    return {"source": str(folder), "files": files}
+
+
+def _read_stamp(target: Path) -> dict[str, Any] | None:
+    try:
+        stamp: dict[str, Any] = json.loads((target / SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp
 
 
 def _plain(value: Any) -> Any:
