@@ -46,6 +46,8 @@ class DataOptions:
     documents_per_block: int = 10_000
     """Documents processed together; bounds memory; NotNext sides come from the same block."""
     corpus_format: CorpusFormat = "auto"
+    paragraphs_per_document: int = 1
+    """In plain files, this many blank-line-separated paragraphs form one document (1: each paragraph)."""
     seed: int = 12345
 
     def __post_init__(self) -> None:
@@ -55,6 +57,8 @@ class DataOptions:
             raise ValueError(f"dupe_factor must be at least 1, got {self.dupe_factor}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.paragraphs_per_document < 1:
+            raise ValueError(f"paragraphs_per_document must be at least 1, got {self.paragraphs_per_document}")
         if self.documents_per_block < 2:
             raise ValueError(f"documents_per_block must be at least 2, got {self.documents_per_block}")
         if self.corpus_format not in CORPUS_FORMATS:
@@ -148,7 +152,7 @@ class _SplitBuilder:
         pending: dict[str, list[Document]] = {name: [] for name in writers}
         blocks = Counter[str]()
         sources = {name: Counter[str]() for name in writers}
-        for document in iter_documents(files, self.options.corpus_format):
+        for document in iter_documents(files, self.options.corpus_format, self.options.paragraphs_per_document):
             name = "eval" if "eval" in writers and split_rng.random() < self.options.eval_fraction else "train"
             pending[name].append(document)
             sources[name][str(files[document.source])] += 1

@@ -74,6 +74,9 @@ def pretrain_data(
     instances_per_shard: Annotated[int, typer.Option(help="Instances per shard file.")] = 10_000,
     documents_per_block: Annotated[int, typer.Option(help="Documents processed together (bounds memory).")] = 10_000,
     corpus_format: FormatOpt = "auto",
+    paragraphs_per_document: Annotated[
+        int, typer.Option(help="In plain files, group this many blank-line-separated paragraphs into a document.")
+    ] = 1,
     seed: Annotated[int, typer.Option(help="Seed of every random choice.")] = 12345,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the contents of a non-empty --out.")] = False,
 ) -> None:
@@ -94,6 +97,7 @@ def pretrain_data(
             instances_per_shard=instances_per_shard,
             documents_per_block=documents_per_block,
             corpus_format=corpus_format,  # type: ignore[arg-type]
+            paragraphs_per_document=paragraphs_per_document,
             seed=seed,
         )
         meta = build_pretraining_data(corpus, BertTokenizer.from_pretrained(tokenizer), out, options, overwrite)

@@ -1,9 +1,11 @@
 """Raw text corpus -> documents -> sentences, streamed file by file (never the whole corpus in memory).
 
 Input convention of Devlin et al. (2019), section 3.1 / google-research/bert `create_pretraining_data.py`: plain
-text with one sentence or paragraph per line and blank lines between documents. WikiText files (Merity et al.
-2016) are recognised by their ` = Title = ` lines: there a top-level heading starts a new document (an article),
-section headings (` = = Section = = `) are dropped and blank lines only end paragraphs. Lines longer than one
+text with one sentence or paragraph per line and blank lines between documents (optionally, every N
+blank-line-separated paragraphs form a document, for texts like Tiny Shakespeare whose blank lines only end
+speeches). WikiText files (Merity et al. 2016) are recognised by their ` = Title = ` lines: there a top-level
+heading starts a new document (an article), section headings (` = = Section = = `) are dropped and blank lines
+only end paragraphs. Lines longer than one
 sentence are split into sentences with a small rule-based splitter (end punctuation followed by a capitalised
 word, not after a known abbreviation or an initial), so that NSP segments end at sentence boundaries.
 """
@@ -91,14 +93,26 @@ def detect_format(path: Path) -> Literal["plain", "wikitext"]:
     return "plain"
 
 
-def iter_documents(paths: Sequence[str | Path], corpus_format: CorpusFormat = "auto") -> Iterator[Document]:
-    """Stream the documents of all files in order; documents without any sentence are skipped."""
+def iter_documents(
+    paths: Sequence[str | Path], corpus_format: CorpusFormat = "auto", paragraphs_per_document: int = 1
+) -> Iterator[Document]:
+    """Stream the documents of all files in order; documents without any sentence are skipped.
+
+    In plain files a blank line ends a document, or, with `paragraphs_per_document` N > 1, every N
+    blank-line-separated paragraphs form one document: for continuous texts without document markers, such as
+    Tiny Shakespeare, whose paragraphs are single speeches (a file's last document may be shorter).
+    """
     if corpus_format not in CORPUS_FORMATS:
         raise ValueError(f"corpus format must be one of {CORPUS_FORMATS}, got {corpus_format!r}")
+    if paragraphs_per_document < 1:
+        raise ValueError(f"paragraphs_per_document must be at least 1, got {paragraphs_per_document}")
     for source, path in enumerate(check_corpus_files(paths)):
         file_format = detect_format(path) if corpus_format == "auto" else corpus_format
-        reader = _wikitext_documents if file_format == "wikitext" else _plain_documents
-        for sentences in reader(_read_lines(path)):
+        if file_format == "wikitext":
+            documents = _wikitext_documents(_read_lines(path))
+        else:
+            documents = _grouped(_plain_documents(_read_lines(path)), paragraphs_per_document)
+        for sentences in documents:
             if sentences:
                 yield Document(sentences, source)
 
@@ -112,6 +126,20 @@ def _plain_documents(lines: Iterable[str]) -> Iterator[list[str]]:
             yield sentences
             sentences = []
     yield sentences
+
+
+def _grouped(paragraphs: Iterable[list[str]], size: int) -> Iterator[list[str]]:
+    group: list[str] = []
+    count = 0
+    for paragraph in paragraphs:
+        if not paragraph:
+            continue
+        group.extend(paragraph)
+        count += 1
+        if count == size:
+            yield group
+            group, count = [], 0
+    yield group
 
 
 def _wikitext_documents(lines: Iterable[str]) -> Iterator[list[str]]:

@@ -40,6 +40,16 @@ def test_plain_documents_end_at_blank_lines(tmp_path: Path) -> None:
     ]
 
 
+def test_paragraphs_can_be_grouped_into_documents(tmp_path: Path) -> None:
+    path = tmp_path / "play.txt"
+    path.write_text("A:\nHello.\n\nB:\nHi.\n\n\nA:\nBye.\n\nB:\nBye now.\n\nC:\nEnd.\n", encoding="utf-8")
+    grouped = [d.sentences for d in iter_documents([path], paragraphs_per_document=2)]
+    assert grouped == [["A:", "Hello.", "B:", "Hi."], ["A:", "Bye.", "B:", "Bye now."], ["C:", "End."]]
+    assert len(list(iter_documents([path]))) == 5
+    with pytest.raises(ValueError, match="paragraphs_per_document"):
+        list(iter_documents([path], paragraphs_per_document=0))
+
+
 def test_wikitext_articles_are_documents_and_headings_are_dropped(tmp_path: Path) -> None:
     path = tmp_path / "wiki.raw"
     path.write_text(
