@@ -25,8 +25,11 @@ def test_torch_free_modules_import_without_torch() -> None:
 
 
 def imported_top_levels(package: str) -> set[str]:
+    """Top-level packages imported by `package`, except its `cli.py` adapters (see below)."""
     names: set[str] = set()
     for path in (REPO / package).rglob("*.py"):
+        if path.name == "cli.py":
+            continue  # a stage's CLI adapter belongs to the `bertserve` command and may use bertserve.errors
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names.update(alias.name.split(".")[0] for alias in node.names)
@@ -35,6 +38,38 @@ def imported_top_levels(package: str) -> set[str]:
     return names
 
 
+OURS = {"bert_model", "export", "service", "loadtests", "bertserve", "proto"}
+
+
 def test_bert_model_imports_nothing_else_of_ours() -> None:
-    ours = {"export", "service", "loadtests", "bertserve", "proto"}
-    assert imported_top_levels("bert_model") & ours == set()
+    assert imported_top_levels("bert_model") & OURS == {"bert_model"}
+
+
+def test_export_imports_only_bert_model() -> None:
+    assert imported_top_levels("export") & OURS <= {"export", "bert_model"}
+
+
+def test_cli_adapters_import_only_the_error_helper_of_bertserve() -> None:
+    for path in REPO.glob("*/**/cli.py"):
+        if path.parts[-2] == "bertserve" or ".venv" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bertserve"):
+                assert node.module == "bertserve.errors", f"{path} imports {node.module}"
+
+
+def bert_model_modules_imported_by(package: str) -> set[str]:
+    modules: set[str] = set()
+    for path in (REPO / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bert_model"):
+                modules.add(node.module)
+    return modules
+
+
+def test_service_uses_only_the_torch_free_parts_of_bert_model() -> None:
+    allowed = ("bert_model.tasks", "bert_model.tokenization", "bert_model.registry")
+    imported = bert_model_modules_imported_by("service")
+    assert imported, "the service imports its task logic from bert_model.tasks"
+    assert all(module.startswith(allowed) for module in imported), imported
+    assert not imported_top_levels("service") & {"export", "loadtests", "torch"}
