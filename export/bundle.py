@@ -1,10 +1,11 @@
 """`build_bundle`: a model folder (or built-in name) -> a self-describing serving bundle, written atomically.
 
 The bundle layout and manifest are the contract in `bert_model.tasks.spec` (BundleManifest, VariantSpec).
-Steps: validate every option before any work; load the model (eager attention); export opset-17 ONNX;
-canonicalize and fuse; build each requested variant; run each against PyTorch fp32 on real inputs (parity.py)
-and refuse the ones outside their guard; write everything into a temporary folder next to the target and
-rename it into place at the end, so a failure never leaves a half-written bundle.
+Steps: validate every option before any work; load the model (eager attention); read the guard's examples
+(task_guard.py); export opset-17 ONNX; canonicalize and fuse; build each requested variant; run each against
+PyTorch fp32 on the guard's batches, decode both with `bertserve evaluate`'s task logic and refuse the variants
+outside their guard (parity.py); write everything into a temporary folder next to the target and rename it
+into place at the end, so a failure never leaves a half-written bundle.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, V
 from bert_model.tokenization import BertTokenizer
 from export.canonicalize import canonicalize
 from export.graph import export_onnx, fuse_bert, fused_op_counts
-from export.guard_data import GuardSet, guard_set
-from export.parity import AccuracyGuardError, Outputs, ParityResult, judge
+from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, judge_fp32, max_abs_diff
+from export.task_guard import GuardOptions, TaskGuard, build_guard
 from export.variants import CPU_PREFERENCE, DEFAULT_VARIANTS, OPENVINO_PROVIDER, RECIPES, Sources, parse_variants
 from export.wrapper import encoder_of, labels_of, load_task_model
 
@@ -48,14 +49,23 @@ class ExportOptions:
     """Longest input the bundle serves; default: the model's max_position_embeddings."""
     name: str | None = None
     """Model name in the manifest; default: the target folder's name."""
+    eval_data: Path | None = None
+    """A labelled eval set for the accuracy guards (SQuAD JSON for qa, CoNLL for ner, labelled TSV for classify):
+    reduced-precision variants are judged on F1 against its gold answers; default: the real data set."""
     calibration: Path | None = None
-    """A text file (one input per line, tab between a pair) for the accuracy guards; default: real data."""
+    """A text file (one input per line, tab between a pair) for the accuracy guards, judged by agreement with
+    PyTorch fp32's predictions; default: the real data set, else built-in sentences."""
     data_dir: Path | None = None
-    """Folder of the real data sets (../shared/data) used when no calibration file is given."""
+    """Folder of the real data sets (../shared/data) used when neither file is given."""
     guard_limit: int = 256
-    """How many inputs the accuracy guards compare."""
+    """How many examples (questions, sentences, texts) the accuracy guards judge, evenly spaced over the file."""
     strict: bool = False
     """Fail the whole export when a variant is refused (default: drop that variant, keep the others)."""
+
+    def guard_options(self) -> GuardOptions:
+        """The accuracy guard's inputs (raises ValueError / FileNotFoundError on bad paths or limits)."""
+        data_dir = self.data_dir if self.data_dir is not None else DEFAULT_DATA_DIR
+        return GuardOptions(self.eval_data, self.calibration, data_dir, self.guard_limit)
 
 
 @dataclass
@@ -75,6 +85,7 @@ def build_bundle(
 ) -> BundleResult:
     """Export `model_name_or_path` into the serving bundle `out_dir` (replaced atomically if it exists)."""
     opts = ExportOptions(variants=parse_variants(variants), max_seq_len=max_seq_len, **options)
+    opts.guard_options()  # validated before any work
     target = Path(out_dir).expanduser().resolve()
     _check_target(target)
     model, task, folder = load_task_model(model_name_or_path)
@@ -132,17 +143,15 @@ def _build_into(
     opts: ExportOptions,
     default_name: str,
 ) -> tuple[BundleManifest, dict[str, str]]:
+    started = time.time()
+    guard = build_guard(task, encoder_of(model).config, tokenizer, max_len, opts.guard_options())
     work = scratch / ".work"
     work.mkdir()
-    started = time.time()
     raw, fused, rewrites, fused_counts = build_graphs(model, task, work)
-    data_dir = opts.data_dir if opts.data_dir is not None else DEFAULT_DATA_DIR
-    guard = guard_set(
-        task, tokenizer, min(max_len, 384), data_dir=data_dir, path=opts.calibration, limit=opts.guard_limit
-    )
-    reference = torch_outputs(model, task, guard.batches)
+    reference = torch_outputs(model, task, guard.feeds)
+    expected = guard.score(reference)
     sources = Sources(raw=raw, fused=fused)
-    variants, refused = _build_variants(scratch, task, opts.variants, sources, guard, reference)
+    variants, refused = _build_variants(scratch, opts.variants, sources, guard, (reference, expected))
     if refused and (opts.strict or not variants):
         raise AccuracyGuardError("; ".join(f"variant {k} refused: {v}" for k, v in refused.items()))
     shutil.rmtree(work)
@@ -156,7 +165,7 @@ def _build_into(
         labels=labels_of(model),
         lowercase=tokenizer.lowercase,
         default_variants=_defaults(variants),
-        source=_source_info(folder, opts, guard, rewrites, fused_counts, refused, time.time() - started),
+        source=_source_info(folder, opts, guard.describe(expected), rewrites, fused_counts, refused, started),
     )
     manifest.write(scratch)
     return manifest, refused
@@ -188,12 +197,7 @@ def torch_outputs(model: nn.Module, task: str, batches: list[dict[str, np.ndarra
 
 
 def _build_variants(
-    scratch: Path,
-    task: str,
-    names: list[str],
-    sources: Sources,
-    guard: GuardSet,
-    reference: Outputs,
+    scratch: Path, names: list[str], sources: Sources, guard: TaskGuard, reference: tuple[Outputs, Scored]
 ) -> tuple[dict[str, VariantSpec], dict[str, str]]:
     variants: dict[str, VariantSpec] = {}
     refused: dict[str, str] = {}
@@ -206,7 +210,7 @@ def _build_variants(
             continue
         path = scratch / recipe.file
         recipe.build(sources, path)
-        result = check_variant(recipe.name, path, task, guard, reference)
+        result = check_variant(recipe.name, path, guard, reference)
         if not result.passed:
             refused[name] = result.message
             logger.warning("variant %s refused (not written): %s", name, result.message)
@@ -219,13 +223,21 @@ def _build_variants(
     return variants, refused
 
 
-def check_variant(name: str, path: Path, task: str, guard: GuardSet, reference: Outputs) -> ParityResult:
-    """Run variant `name` (file `path`) on the guard inputs and judge it against the PyTorch outputs."""
+def check_variant(name: str, path: Path, guard: TaskGuard, reference: tuple[Outputs, Scored]) -> ParityResult:
+    """Run variant `name` (file `path`) on the guard batches and judge it against PyTorch fp32: its raw outputs
+    (fp32), or its predictions decoded with `bertserve evaluate`'s task logic (reduced precision)."""
     recipe = RECIPES[name]
     run = recipe.runner(path)
-    candidate = [run(batch) for batch in guard.batches]
-    result = judge(task, recipe.precision, reference, candidate, guard.batches, guard.gold)
-    result.figures["guard_source"] = guard.source
+    outputs, expected = reference
+    candidate = [run(feed) for feed in guard.feeds]
+    if recipe.precision == "fp32":
+        result = judge_fp32(outputs, candidate, guard.feeds)
+    else:
+        result = guard.judge(expected, guard.score(candidate))
+        masks = [feed["attention_mask"] for feed in guard.feeds]
+        result.figures["max_abs_diff"] = max_abs_diff(outputs, candidate, masks)
+    judgment = "max-abs-diff" if recipe.precision == "fp32" else guard.judgment
+    result.figures.update(judgment=judgment, guard_source=guard.source, inputs=len(guard.features))
     return result
 
 
@@ -247,22 +259,22 @@ def _defaults(variants: dict[str, VariantSpec]) -> dict[str, str]:
 def _source_info(
     folder: Path,
     opts: ExportOptions,
-    guard: GuardSet,
+    guard_inputs: dict[str, Any],
     rewrites: dict[str, int],
     fused_counts: dict[str, int],
     refused: dict[str, str],
-    seconds: float,
+    started: float,
 ) -> dict[str, Any]:
     import onnxruntime
 
     return {
         "model": str(folder),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "export_seconds": round(seconds, 1),
+        "export_seconds": round(time.time() - started, 1),
         "opset": 17,
         "requested_variants": opts.variants,
         "refused_variants": refused,
-        "guard_inputs": {"source": guard.source, "count": guard.size},
+        "guard_inputs": guard_inputs,
         "graph_rewrites": rewrites,
         "fused_ops": fused_counts,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},

@@ -28,9 +28,21 @@ def export_command(
         int | None, typer.Option("--max-seq-len", help="Longest input served (default: the model's maximum).")
     ] = None,
     name: Annotated[str | None, typer.Option(help="Model name in the manifest (default: the folder name).")] = None,
-    calibration: Annotated[
-        Path | None, typer.Option(help="Guard inputs: one text per line, a tab between a pair (default: real data).")
+    eval_data: Annotated[
+        Path | None,
+        typer.Option(
+            "--eval-data",
+            help="Labelled guard eval set (SQuAD JSON for qa, CoNLL for ner, labelled TSV for classify): variants are "
+            "judged on F1 / labels against its gold answers (default: the real data set under --data-dir).",
+        ),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(help="Guard texts without labels, one per line (a tab between a pair): agreement with fp32."),
+    ] = None,
+    guard_limit: Annotated[
+        int, typer.Option(help="Examples the accuracy guards judge (questions, sentences, texts), evenly spaced.")
+    ] = 256,
     data_dir: Annotated[
         Path | None, typer.Option(help="Real data folder (default ../shared/data) for the guards.")
     ] = None,
@@ -50,10 +62,14 @@ def export_command(
             variants=variants,
             max_seq_len=max_seq_len,
             name=name,
+            eval_data=eval_data,
             calibration=calibration,
             data_dir=data_dir,
+            guard_limit=guard_limit,
             strict=strict,
         )
+        guard = result.manifest.source["guard_inputs"]
+        typer.echo(f"guard: {guard['judgment']} on {guard['count']} examples of {guard['source']}")
         for variant, spec in result.manifest.variants.items():
             figures = {k: v for k, v in spec.parity.items() if k not in ("guard_source", "inputs")}
             typer.echo(f"{variant}: {spec.file} {spec.precision} {spec.provider} parity {figures}")

@@ -1,21 +1,19 @@
-"""Real inputs for the accuracy guards and calibration: texts per task, tokenized into fixed-size batches.
+"""Where the accuracy guards' inputs come from: the real data sets per task, a user's text file, built-in texts.
 
-Sources, by task (all optional; built-in sentences are used when a file is absent):
+Data files under the data folder (../shared/data), by task; they are labelled, so `export/task_guard.py` scores
+them as eval sets (SQuAD F1, seqeval entity F1, labels) and falls back to their texts alone when the model cannot
+score them (e.g. a NER model with other entity types):
 - classify / embed: GLUE SST-2 sentences (`sst2/dev.half-a.tsv`, `sentence<TAB>label` with a header);
 - ner: CoNLL-2003 validation sentences (`conll2003/iob2/valid.txt`, one `token POS chunk TAG` per line);
 - qa: SQuAD v1.1 questions with their paragraphs (`squad_v1.1/dev-v1.1.half-a.json`, official format).
-A user file given by path is one input per line; a tab separates a text pair (question<TAB>context for qa).
+A calibration file given by path is one input per line; a tab separates a text pair (question<TAB>context for
+qa). Without any of them, the built-in sentences below.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-
-from bert_model.tokenization import BertTokenizer, Truncation
 
 DATA_FILES: dict[str, str] = {
     "classify": "sst2/dev.half-a.tsv",
@@ -50,21 +48,10 @@ BUILTIN_QUESTIONS: tuple[str, ...] = (
 )
 
 
-@dataclass
-class GuardSet:
-    """Tokenized guard inputs: batches of int64 arrays keyed by the graph's input names."""
-
-    task: str
-    batches: list[dict[str, np.ndarray]]
-    source: str
-    """Where the texts came from (a file path or `built-in sentences`)."""
-    gold: list[list[list[tuple[int, int]]]] | None = None
-    """qa with reference answers: per batch, per row, the gold answers as (start, end) token spans (inclusive)
-    inside the window (empty when the answer was truncated away)."""
-
-    @property
-    def size(self) -> int:
-        return sum(int(batch["input_ids"].shape[0]) for batch in self.batches)
+def default_eval_file(task: str, data_dir: Path | None) -> Path | None:
+    """The real data file of `task` under `data_dir`, when it exists."""
+    candidate = data_dir / DATA_FILES[task] if data_dir is not None and task in DATA_FILES else None
+    return candidate if candidate is not None and candidate.is_file() else None
 
 
 def read_texts(task: str, data_dir: Path | None, path: Path | None, limit: int) -> tuple[list[tuple[str, ...]], str]:
@@ -76,8 +63,8 @@ def read_texts(task: str, data_dir: Path | None, path: Path | None, limit: int) 
         if not rows:
             raise ValueError(f"calibration file {path} holds no input lines")
         return rows[:limit], str(path)
-    candidate = data_dir / DATA_FILES[task] if data_dir is not None else None
-    if candidate is not None and candidate.is_file():
+    candidate = default_eval_file(task, data_dir)
+    if candidate is not None:
         reader = {"qa": _squad_pairs, "ner": _conll_sentences}.get(task, _sst2_sentences)
         return reader(candidate, limit), str(candidate)
     builtin: list[tuple[str, ...]] = (
@@ -111,67 +98,7 @@ def _squad_pairs(path: Path, limit: int) -> list[tuple[str, ...]]:
     for article in json.loads(path.read_text(encoding="utf-8"))["data"]:
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
-                answers = [[a["answer_start"], a["text"]] for a in qa.get("answers", [])]
-                pairs.append((qa["question"], paragraph["context"], json.dumps(answers)))
+                pairs.append((qa["question"], paragraph["context"]))
             if len(pairs) >= limit:
                 return pairs[:limit]
     return pairs
-
-
-def tokenize_batches(
-    rows: list[tuple[str, ...]], tokenizer: BertTokenizer, max_seq_len: int, batch_size: int
-) -> list[dict[str, np.ndarray]]:
-    """Encode rows (pairs truncated on the second text) into batches padded to their longest row."""
-    batches = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        firsts = [row[0] for row in chunk]
-        seconds = [row[1] for row in chunk] if all(len(row) > 1 for row in chunk) else None
-        truncation: Truncation = "only_second" if seconds is not None else "longest_first"
-        batches.append(tokenizer(firsts, seconds, max_length=max_seq_len, truncation=truncation))
-    return batches
-
-
-def guard_set(
-    task: str,
-    tokenizer: BertTokenizer,
-    max_seq_len: int,
-    *,
-    data_dir: Path | None = None,
-    path: Path | None = None,
-    limit: int = 256,
-    batch_size: int = 32,
-) -> GuardSet:
-    """The guard inputs of `task`: a user file, else the real data set under `data_dir`, else built-ins."""
-    rows, source = read_texts(task, data_dir, path, limit)
-    gold = None
-    if task == "qa" and rows and all(len(row) == 3 for row in rows):
-        gold = qa_gold_spans(rows, tokenizer, max_seq_len, batch_size)
-    return GuardSet(task, tokenize_batches(rows, tokenizer, max_seq_len, batch_size), source, gold)
-
-
-def qa_gold_spans(
-    rows: list[tuple[str, ...]], tokenizer: BertTokenizer, max_seq_len: int, batch_size: int
-) -> list[list[list[tuple[int, int]]]]:
-    """The gold answers of (question, context, answers-JSON) rows as token spans of their (truncated) window."""
-    batches = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        encodings = tokenizer.encode_batch(
-            [r[0] for r in chunk], [r[1] for r in chunk], max_length=max_seq_len, truncation="only_second"
-        )
-        spans = []
-        for row, encoding in zip(chunk, encodings, strict=True):
-            row_spans = []
-            for answer_start, text in json.loads(row[2]):
-                answer_end = answer_start + len(text)
-                tokens = [
-                    i
-                    for i, ((begin, end), segment) in enumerate(zip(encoding.offsets, encoding.type_ids, strict=True))
-                    if segment == 1 and end > begin and begin < answer_end and end > answer_start
-                ]
-                if tokens:
-                    row_spans.append((tokens[0], tokens[-1]))
-            spans.append(row_spans)
-        batches.append(spans)
-    return batches

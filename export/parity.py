@@ -1,16 +1,17 @@
-"""Accuracy guards: every exported variant against the PyTorch fp32 model on the same real inputs.
+"""Accuracy guards: the rules that accept or refuse an exported variant against the PyTorch fp32 model (issue 5).
 
-Rules (issue 5): fp32 graphs must match within max |diff| <= 1e-4 on every output (per-token outputs at real,
-non-padding positions: padded positions carry no answer and are dropped by post-processing); reduced-precision graphs
-(int8, fp16, bf16) are judged at task level against PyTorch fp32's own predictions:
-- classify / embed: the same arg-max label on >= 99% of inputs (embed: cosine of the [CLS] vectors >= 0.99);
-- ner: token-label F1 >= 99 (agreement of the per-token arg-max labels on real tokens, specials excluded);
-- qa: with gold answers (SQuAD guard inputs), the gold F1 (token-overlap F1 of the best start/end span, as
-  SQuAD's F1 but over word pieces) may drop at most 1 point below PyTorch fp32's; without gold answers,
-  span F1 >= 99 with the PyTorch span as reference.
-Scoring a variant against PyTorch's predictions bounds how far its F1 on any gold set can move: a variant
-that agrees with fp32 at F1 >= 99 changes a gold F1 by at most about one point. Torch-free (numpy): the
-PyTorch outputs are computed by the caller.
+- fp32 graphs: max |diff| <= FP32_MAX_ABS_DIFF on every output, PyTorch and the graph run on the same batches
+  (per-token outputs compared at real, non-padding positions only: padded positions carry no answer).
+- reduced precision (int8, fp16, bf16): judged at task level, on predictions that `export/task_guard.py` decodes
+  from both models' outputs with the task logic of `bertserve evaluate` (`bert_model.tasks`):
+  - judgment `eval-set` (labelled data): qa's SQuAD F1 against the gold answers and ner's entity F1 (seqeval)
+    against the gold tags may fall at most F1_POINTS below PyTorch fp32's on the same examples; classify: the
+    same label as fp32 on >= TASK_AGREEMENT of the examples (accuracy recorded);
+  - judgment `agreement-with-fp32` (texts without labels: built-in sentences or a calibration file): fp32's own
+    predictions are the reference: qa answers scored with SQuAD's F1 and ner entities with seqeval's F1 must
+    reach 100 - F1_POINTS; classify: the same label on >= TASK_AGREEMENT; embed: cosine of the [CLS] vectors
+    >= TASK_AGREEMENT for every input.
+Torch-free (numpy; seqeval for the ner agreement).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from bert_model.tasks.metrics import ner_metrics, token_f1
+
 FP32_MAX_ABS_DIFF = 1e-4
 TASK_AGREEMENT = 0.99
 F1_POINTS = 1.0
-MAX_ANSWER_TOKENS = 30
+EVAL_SET = "eval-set"
+AGREEMENT = "agreement-with-fp32"
 
 Outputs = list[dict[str, np.ndarray]]
 """One dict of output arrays per guard batch."""
@@ -39,10 +43,21 @@ class ParityResult:
     message: str = ""
 
 
+@dataclass
+class Scored:
+    """One model's decoded predictions on the guard examples, and its metrics against gold labels (if any)."""
+
+    predictions: dict[int, Any]
+    """Per example index: the label (classify), answer text or span (qa), word tags (ner), [CLS] vector (embed)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """`bertserve evaluate`'s metrics on the examples (eval-set judgment only)."""
+
+
 class AccuracyGuardError(ValueError):
     """A variant is outside its accuracy guard: it is refused and not written."""
 
 
+# ---- fp32: outputs ---------------------------------------------------------------------------------------
 def max_abs_diff(reference: Outputs, candidate: Outputs, masks: Sequence[np.ndarray] | None = None) -> float:
     """Largest |difference| over all outputs; per-token outputs only at attended (non-padding) positions."""
     worst = 0.0
@@ -56,134 +71,125 @@ def max_abs_diff(reference: Outputs, candidate: Outputs, masks: Sequence[np.ndar
     return worst
 
 
-def _real_token_mask(mask: np.ndarray) -> np.ndarray:
-    """Attended tokens without [CLS] (first) and the final [SEP] of each row."""
-    real = mask.astype(bool).copy()
-    real[:, 0] = False
-    lengths = mask.sum(axis=1)
-    real[np.arange(len(mask)), lengths - 1] = False
-    return real
+def judge_fp32(reference: Outputs, candidate: Outputs, feeds: Sequence[dict[str, np.ndarray]]) -> ParityResult:
+    """The fp32 rule: max |diff| against PyTorch within FP32_MAX_ABS_DIFF."""
+    worst = max_abs_diff(reference, candidate, [feed["attention_mask"] for feed in feeds])
+    figures = {"max_abs_diff": worst, "threshold": FP32_MAX_ABS_DIFF}
+    message = f"max |diff| {worst:.3g} vs PyTorch (limit {FP32_MAX_ABS_DIFF:.0e})"
+    return ParityResult(worst <= FP32_MAX_ABS_DIFF, figures, message)
 
 
-def label_agreement(reference: Outputs, candidate: Outputs) -> float:
-    same = [np.argmax(r["logits"], -1) == np.argmax(c["logits"], -1) for r, c in zip(reference, candidate, strict=True)]
-    return float(np.concatenate(same).mean())
-
-
-def token_label_agreement(reference: Outputs, candidate: Outputs, masks: Sequence[np.ndarray]) -> float:
-    agree, total = 0, 0
-    for ref, cand, mask in zip(reference, candidate, masks, strict=True):
-        real = _real_token_mask(mask)
-        same = np.argmax(ref["logits"], -1) == np.argmax(cand["logits"], -1)
-        agree += int(same[real].sum())
-        total += int(real.sum())
-    return agree / max(total, 1)
-
-
-def best_span(start: np.ndarray, end: np.ndarray, allowed: np.ndarray) -> tuple[int, int]:
-    """The (start, end) maximising start + end logits with start <= end < start + MAX_ANSWER_TOKENS."""
-    s = np.where(allowed, start, -np.inf)
-    e = np.where(allowed, end, -np.inf)
-    scores = s[:, None] + e[None, :]
-    length = np.arange(len(s))[None, :] - np.arange(len(s))[:, None]
-    scores = np.where((length >= 0) & (length < MAX_ANSWER_TOKENS), scores, -np.inf)
-    flat = int(np.argmax(scores))
-    return flat // len(s), flat % len(s)
-
-
-def span_f1(reference: tuple[int, int], candidate: tuple[int, int]) -> float:
-    overlap = min(reference[1], candidate[1]) - max(reference[0], candidate[0]) + 1
-    if overlap <= 0:
-        return 0.0
-    precision = overlap / (candidate[1] - candidate[0] + 1)
-    recall = overlap / (reference[1] - reference[0] + 1)
-    return 2 * precision * recall / (precision + recall)
-
-
-def qa_span_f1(
-    reference: Outputs, candidate: Outputs, masks: Sequence[np.ndarray], segments: Sequence[np.ndarray]
-) -> float:
-    """Mean token-overlap F1 (0..100) of the candidate's best context span against the reference's."""
-    scores = []
-    for ref, cand, mask, segment in zip(reference, candidate, masks, segments, strict=True):
-        allowed = _real_token_mask(mask) & (segment == 1)
-        for row in range(mask.shape[0]):
-            ref_span = best_span(ref["start_logits"][row], ref["end_logits"][row], allowed[row])
-            cand_span = best_span(cand["start_logits"][row], cand["end_logits"][row], allowed[row])
-            scores.append(span_f1(ref_span, cand_span))
-    return 100.0 * float(np.mean(scores))
-
-
-def qa_gold_f1(outputs: Outputs, feeds: Sequence[dict[str, np.ndarray]], gold: list) -> float:
-    """Token-overlap F1 (0..100) of the best span against the gold answers (max over answers), over the rows
-    whose answer lies inside the window: SQuAD's F1 counted over word pieces."""
-    scores = []
-    for out, feed, rows in zip(outputs, feeds, gold, strict=True):
-        allowed = _real_token_mask(feed["attention_mask"]) & (feed["token_type_ids"] == 1)
-        for row, answers in enumerate(rows):
-            if answers:
-                span = best_span(out["start_logits"][row], out["end_logits"][row], allowed[row])
-                scores.append(max(span_f1(answer, span) for answer in answers))
-    return 100.0 * float(np.mean(scores)) if scores else float("nan")
-
-
-def cls_cosine(reference: Outputs, candidate: Outputs) -> float:
-    cosines = []
-    for ref, cand in zip(reference, candidate, strict=True):
-        a, b = ref["last_hidden_state"][:, 0], cand["last_hidden_state"][:, 0]
-        cosines.append((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)))
-    return float(np.concatenate(cosines).min())
-
-
-def task_figures(task: str, reference: Outputs, candidate: Outputs, feeds: Sequence[dict[str, np.ndarray]]) -> dict:
-    """The task-level agreement figure of `candidate` (name -> value) and its threshold."""
-    masks = [feed["attention_mask"] for feed in feeds]
-    if task == "classify":
-        return {"label_agreement": label_agreement(reference, candidate), "threshold": TASK_AGREEMENT}
-    if task == "ner":
-        return {"token_f1_vs_fp32": 100 * token_label_agreement(reference, candidate, masks), "threshold": 99.0}
+# ---- reduced precision: decoded predictions --------------------------------------------------------------
+def judge_task(task: str, judgment: str, reference: Scored, candidate: Scored) -> ParityResult:
+    """Apply the task-level rule of `judgment` (EVAL_SET or AGREEMENT) to a variant's decoded predictions."""
+    if judgment == EVAL_SET:
+        return _judge_eval_set(task, reference, candidate)
+    if judgment != AGREEMENT:
+        raise ValueError(f"unknown judgment {judgment!r}; expected {EVAL_SET!r} or {AGREEMENT!r}")
     if task == "qa":
-        segments = [feed["token_type_ids"] for feed in feeds]
-        return {"span_f1_vs_fp32": qa_span_f1(reference, candidate, masks, segments), "threshold": 99.0}
-    return {"cls_cosine_min": cls_cosine(reference, candidate), "threshold": TASK_AGREEMENT}
+        return _judge_answers(reference, candidate)
+    if task == "ner":
+        return _judge_entities(reference, candidate)
+    if task == "classify":
+        return _judge_labels(reference, candidate, {})
+    return _judge_cosine(reference, candidate)
 
 
-def judge(
-    task: str,
-    precision: str,
-    reference: Outputs,
-    candidate: Outputs,
-    feeds: Sequence[dict[str, np.ndarray]],
-    gold: list | None = None,
-) -> ParityResult:
-    """Apply the guard of `precision` to a variant's outputs; the figures go into the manifest.
-
-    qa with gold answers (`gold`, see GuardSet.gold) is judged on the gold F1: within F1_POINTS of fp32's."""
-    masks = [feed["attention_mask"] for feed in feeds]
-    figures: dict[str, Any] = {"max_abs_diff": max_abs_diff(reference, candidate, masks), "inputs": _count(feeds)}
-    if precision == "fp32":
-        figures["threshold"] = FP32_MAX_ABS_DIFF
-        passed = figures["max_abs_diff"] <= FP32_MAX_ABS_DIFF
-        message = f"max |diff| {figures['max_abs_diff']:.3g} vs PyTorch (limit {FP32_MAX_ABS_DIFF:.0e})"
-        return ParityResult(passed, figures, message)
-    figures.update(task_figures(task, reference, candidate, feeds))
-    if task == "qa" and gold is not None:
-        return _judge_qa_gold(figures, reference, candidate, feeds, gold)
-    metric = next(k for k in figures if k not in ("max_abs_diff", "inputs", "threshold"))
-    passed = figures[metric] >= figures["threshold"]
-    message = f"{metric} {figures[metric]:.4g} vs PyTorch fp32 (needs >= {figures['threshold']:g})"
-    return ParityResult(passed, figures, message)
+def prediction_agreement(reference: Scored, candidate: Scored) -> float:
+    """Fraction of examples whose prediction (label, answer text, tag sequence) equals fp32's."""
+    same = [_key(candidate.predictions.get(i)) == _key(p) for i, p in reference.predictions.items()]
+    return float(np.mean(same)) if same else 1.0
 
 
-def _judge_qa_gold(
-    figures: dict[str, Any], reference: Outputs, candidate: Outputs, feeds: Sequence[dict[str, np.ndarray]], gold: list
-) -> ParityResult:
-    f1_fp32, f1 = qa_gold_f1(reference, feeds, gold), qa_gold_f1(candidate, feeds, gold)
-    figures.update({"gold_f1_fp32": f1_fp32, "gold_f1": f1, "f1_delta": f1 - f1_fp32, "threshold": -F1_POINTS})
-    passed = bool(f1 - f1_fp32 >= -F1_POINTS)
-    message = f"gold F1 {f1:.2f} vs PyTorch fp32 {f1_fp32:.2f} (may drop at most {F1_POINTS:g} point)"
-    return ParityResult(passed, figures, message)
+def _key(prediction: Any) -> Any:
+    if isinstance(prediction, dict):  # classify: {label, score}; qa agreement: {answer, start, end}
+        return prediction.get("label", (prediction.get("start"), prediction.get("end")))
+    return prediction
 
 
-def _count(feeds: Sequence[dict[str, np.ndarray]]) -> int:
-    return sum(int(feed["input_ids"].shape[0]) for feed in feeds)
+def _judge_eval_set(task: str, reference: Scored, candidate: Scored) -> ParityResult:
+    count = len(reference.predictions)
+    agreement = prediction_agreement(reference, candidate)
+    if task == "classify":
+        accuracy = {"accuracy_fp32": reference.metrics["accuracy"], "accuracy": candidate.metrics["accuracy"]}
+        return _judge_labels(reference, candidate, accuracy)
+    ref_f1, f1 = float(reference.metrics["f1"]), float(candidate.metrics["f1"])
+    metric = "SQuAD F1" if task == "qa" else "entity F1 (seqeval)"
+    figures: dict[str, Any] = {
+        "metric": "squad_f1" if task == "qa" else "entity_f1",
+        "f1_fp32": ref_f1,
+        "f1": f1,
+        "f1_delta": f1 - ref_f1,
+        "threshold": -F1_POINTS,
+        "prediction_agreement": agreement,
+        "examples": count,
+    }
+    if task == "qa":
+        figures.update(exact_match_fp32=reference.metrics["exact_match"], exact_match=candidate.metrics["exact_match"])
+    unit = "questions" if task == "qa" else "sentences"
+    message = f"{metric} {f1:.2f} vs PyTorch fp32 {ref_f1:.2f} on {count} {unit} (may drop at most {F1_POINTS:g} point)"
+    return ParityResult(bool(f1 - ref_f1 >= -F1_POINTS), figures, message)
+
+
+def _judge_labels(reference: Scored, candidate: Scored, extra: dict[str, Any]) -> ParityResult:
+    agreement = prediction_agreement(reference, candidate)
+    figures = {"label_agreement": agreement, "threshold": TASK_AGREEMENT, "examples": len(reference.predictions)}
+    figures.update(extra)
+    message = f"label_agreement {agreement:.4g} vs PyTorch fp32 (needs >= {TASK_AGREEMENT:g})"
+    return ParityResult(agreement >= TASK_AGREEMENT, figures, message)
+
+
+def _judge_answers(reference: Scored, candidate: Scored) -> ParityResult:
+    """qa without gold answers: SQuAD F1 of the variant's answers with fp32's answers as the references."""
+    scores = [
+        token_f1(_text(candidate.predictions.get(i)), _text(answer)) for i, answer in reference.predictions.items()
+    ]
+    f1 = 100.0 * float(np.mean(scores)) if scores else 100.0
+    threshold = 100.0 - F1_POINTS
+    figures = {
+        "answer_f1_vs_fp32": f1,
+        "span_agreement": prediction_agreement(reference, candidate),
+        "threshold": threshold,
+        "examples": len(scores),
+    }
+    message = f"answer F1 vs PyTorch fp32's answers {f1:.2f} on {len(scores)} questions (needs >= {threshold:g})"
+    return ParityResult(f1 >= threshold, figures, message)
+
+
+def _text(prediction: Any) -> str:
+    return str(prediction.get("answer", "")) if isinstance(prediction, dict) else str(prediction or "")
+
+
+def _judge_entities(reference: Scored, candidate: Scored) -> ParityResult:
+    """ner without gold tags: seqeval entity F1 of the variant's word tags with fp32's tags as the references."""
+    indices = sorted(reference.predictions)
+    gold = [reference.predictions[i] for i in indices]
+    predicted = [candidate.predictions.get(i, ["O"] * len(reference.predictions[i])) for i in indices]
+    f1 = entity_f1(gold, predicted)
+    threshold = 100.0 - F1_POINTS
+    figures = {
+        "entity_f1_vs_fp32": f1,
+        "sentence_agreement": prediction_agreement(reference, candidate),
+        "threshold": threshold,
+        "examples": len(indices),
+    }
+    message = f"entity F1 vs PyTorch fp32's entities {f1:.2f} on {len(indices)} texts (needs >= {threshold:g})"
+    return ParityResult(f1 >= threshold, figures, message)
+
+
+def entity_f1(references: Sequence[Sequence[str]], predictions: Sequence[Sequence[str]]) -> float:
+    """seqeval's entity F1 (percent); 100 when neither side has any entity (nothing to disagree on)."""
+    if not any(t != "O" for tags in [*references, *predictions] for t in tags):
+        return 100.0
+    return float(ner_metrics(references, predictions)["f1"])
+
+
+def _judge_cosine(reference: Scored, candidate: Scored) -> ParityResult:
+    cosines = []
+    for index, a in reference.predictions.items():
+        b = candidate.predictions[index]
+        cosines.append(float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b))))
+    worst = min(cosines) if cosines else 1.0
+    figures = {"cls_cosine_min": worst, "threshold": TASK_AGREEMENT, "examples": len(cosines)}
+    message = f"cls_cosine_min {worst:.4g} vs PyTorch fp32 (needs >= {TASK_AGREEMENT:g})"
+    return ParityResult(worst >= TASK_AGREEMENT, figures, message)

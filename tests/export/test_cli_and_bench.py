@@ -64,6 +64,22 @@ def test_export_command_user_errors_are_one_line(cli: tuple, tiny_models: dict[s
     assert not (tmp_path / "b").exists()
 
 
+def test_export_command_takes_an_eval_set_and_a_guard_limit(
+    cli: tuple, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    from tests.export.test_task_guard import squad_file
+
+    runner, app = cli
+    data = squad_file(tmp_path)
+    command = ["export", str(tiny_models["qa"]), "--out", str(tmp_path / "b"), "--variants", "cpu-fp32,gpu-fp16"]
+    result = runner.invoke(app, [*command, "--max-seq-len", "64", "--eval-data", str(data), "--guard-limit", "4"])
+    assert result.exit_code == 0, result.output
+    assert f"guard: eval-set on 4 examples of {data}" in result.output
+    assert "'metric': 'squad_f1'" in result.output
+    missing = runner.invoke(app, [*command, "--eval-data", str(tmp_path / "none.json")])
+    assert missing.exit_code != 0 and "none.json does not exist" in missing.output
+
+
 def test_bench_model_on_a_bundle(cli: tuple, tiny_bundle: Path, tmp_path: Path) -> None:
     runner, app = cli
     result = runner.invoke(
