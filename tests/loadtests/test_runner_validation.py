@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -119,3 +120,47 @@ def test_cli_one_line_error_and_no_connection(tmp_path: Path, listener: Counting
     )
     assert unknown.returncode == 2
     assert unknown.stderr.strip() == "error: unknown profile 'soak'; choose one of smoke, steady, ramp, overload"
+
+
+def test_unreadable_data_file_is_refused_before_load(
+    tmp_path: Path, listener: CountingListener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data file the user may not read (simulated: root reads anything) stops the run before any connection."""
+    import loadtests.payloads as payloads
+
+    locked = tmp_path / "sst2.tsv"
+    locked.write_text("sentence\tlabel\nfine\t1\n")
+
+    def refuse(path: object, *args: object, **kwargs: object) -> object:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(payloads, "open", refuse, raising=False)
+    with pytest.raises(PermissionError, match=r"sst2\.tsv is not readable \(permission denied\)"):
+        plan_run(_options(tmp_path, host=f"http://127.0.0.1:{listener.port}", mix="/classify", sst2=locked))
+    assert listener.connections == 0
+    assert not (tmp_path / "results").exists()
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "bertserve", "loadtest", "--results-dir", str(tmp_path / "results"), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_unreachable_host_and_remote_address_are_one_line_errors(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    done = _cli(tmp_path, "--host", f"http://127.0.0.1:{port}", "--mix", "/classify")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert re.fullmatch(
+        rf"error: --host http://127\.0\.0\.1:{port} is not ready \(GET /health/ready: .*Connection refused\): "
+        "start the service first",
+        lines[0],
+    ), lines[0]
+    done = _cli(tmp_path, "--grpc-host", "10.1.2.3:50051", "--mix", "QA.Extract")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: --grpc-host '10.1.2.3:50051' is not on this machine: load tests only send load to 127.0.0.0/8, "
+        "localhost or ::1"
+    ]
+    assert not (tmp_path / "results").exists()
