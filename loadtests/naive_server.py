@@ -1,16 +1,21 @@
 """The naive peer: what a user might write in an afternoon instead of bertserve, served for comparison only.
 
-FastAPI + Hugging Face `transformers` pipelines on PyTorch (eager, fp32, default threads), one request at a
-time (a lock around the model), no batching, no queue limit, no timeouts. Same REST paths and answer shapes
-as the service (`POST /classify`, `/qa`, `/ner`), so the same locust users drive both. It adds
-`x-queue-time-ms` (waiting for the lock) and `x-inference-time-ms` (the pipeline call) headers so the report
-can show where its time goes. `GET /health` answers once the models are loaded.
+FastAPI + Hugging Face `transformers` on PyTorch (eager, fp32, default threads), one request at a time (a
+lock around the model), no batching, no queue limit, no timeouts. Same REST paths and answer shapes as the
+service (`POST /classify`, `/qa`, `/ner`), so the same locust users drive both. /classify and /ner are the
+`text-classification` and `token-classification` pipelines. transformers 5 removed the `question-answering`
+pipeline, so /qa is what its users now write by hand (`NaiveQA`): the tokenizer's overflowing windows of 384
+tokens with stride 128 (the old pipeline's defaults), one forward pass over the windows of a request, and the
+best span of the top-20 start x end logits, as the Hugging Face course's question-answering chapter decodes
+it. It adds `x-queue-time-ms` (waiting for the lock) and `x-inference-time-ms` (the model call) headers so
+the report can show where its time goes. `GET /health` answers once the models are loaded.
 
 Model folders: a full Hugging Face checkpoint is used as it is; a project model name or composite folder
 (base + adapter + head, see bert_model/adapters.py) is first saved as a plain checkpoint under
 `--cache-dir` with our `save_pretrained` (which writes Hugging Face's layout), and rebuilt when the source
 changes. This peer may use torch: it is not part of the product.
-Reference: https://huggingface.co/docs/transformers/main_classes/pipelines
+References: https://huggingface.co/docs/transformers/main_classes/pipelines,
+https://huggingface.co/learn/llm-course/chapter7/7 (question answering: windows and span decoding).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 
-PIPELINE_TASKS = {"classify": "text-classification", "qa": "question-answering", "ner": "token-classification"}
+PIPELINE_TASKS = {"classify": "text-classification", "ner": "token-classification"}
+TASKS = ("classify", "qa", "ner")
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 DEFAULT_CACHE = Path(__file__).resolve().parents[1] / "artifacts" / "peer"
@@ -81,6 +87,68 @@ def _read_stamp(target: Path) -> dict[str, Any] | None:
     return stamp
 
 
+class NaiveQA:
+    """Question + context -> the best answer span, written by hand over `transformers` (no QA pipeline in v5)."""
+
+    def __init__(
+        self, folder: str, max_length: int = 384, stride: int = 128, n_best: int = 20, max_answer_len: int = 15
+    ) -> None:
+        from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = AutoModelForQuestionAnswering.from_pretrained(folder).eval()
+        self.max_length, self.stride, self.n_best, self.max_answer_len = max_length, stride, n_best, max_answer_len
+
+    def __call__(self, question: str, context: str) -> dict[str, Any]:
+        import torch
+
+        encoded = self.tokenizer(
+            question,
+            context,
+            truncation="only_second",
+            max_length=self.max_length,
+            stride=self.stride,
+            return_overflowing_tokens=True,
+            return_offsets_mapping=True,
+            padding=True,
+            return_tensors="pt",
+        )
+        offsets = encoded.pop("offset_mapping").tolist()
+        encoded.pop("overflow_to_sample_mapping", None)
+        with torch.no_grad():
+            output = self.model(**encoded)
+        starts = torch.softmax(output.start_logits, dim=-1).numpy()
+        ends = torch.softmax(output.end_logits, dim=-1).numpy()
+        best_score, start, end = 0.0, 0, 0
+        for window in range(len(offsets)):
+            in_context = [sid == 1 for sid in encoded.sequence_ids(window)]
+            span = self._best_span(starts[window], ends[window], in_context)
+            if span is not None and span[0] > best_score:
+                best_score, start, end = span[0], offsets[window][span[1]][0], offsets[window][span[2]][1]
+        return {"answer": context[start:end], "score": best_score, "start": start, "end": end}
+
+    def _best_span(self, starts: Any, ends: Any, in_context: list[bool]) -> tuple[float, int, int] | None:
+        """(probability, first token, last token) of the best valid span among the top start x end tokens."""
+        best = None
+        for s in starts.argsort()[::-1][: self.n_best]:
+            for e in ends.argsort()[::-1][: self.n_best]:
+                if not (in_context[s] and in_context[e]) or e < s or e - s + 1 > self.max_answer_len:
+                    continue
+                score = float(starts[s] * ends[e])
+                if best is None or score > best[0]:
+                    best = (score, int(s), int(e))
+        return best
+
+
+def _load(task: str, folder: str) -> Any:
+    """The callable that answers `task` with the model in `folder`."""
+    if task == "qa":
+        return NaiveQA(folder)
+    from transformers import pipeline
+
+    return pipeline(PIPELINE_TASKS[task], model=folder, device="cpu")  # type: ignore[call-overload]
+
+
 def _plain(value: Any) -> Any:
     """numpy scalars in pipeline outputs -> JSON numbers."""
     if isinstance(value, dict):
@@ -92,12 +160,7 @@ def _plain(value: Any) -> Any:
 
 def create_app(models: dict[str, str], cache_dir: Path = DEFAULT_CACHE) -> FastAPI:
     """The naive FastAPI app serving one pipeline per task in `models` (task -> model name or folder)."""
-    from transformers import pipeline
-
-    pipes: dict[str, Any] = {}
-    for task, model in models.items():
-        folder = str(hf_checkpoint(model, task, cache_dir))
-        pipes[task] = pipeline(PIPELINE_TASKS[task], model=folder, device="cpu")  # type: ignore[call-overload]
+    pipes = {task: _load(task, str(hf_checkpoint(model, task, cache_dir))) for task, model in models.items()}
     lock = threading.Lock()
     app = FastAPI(title="naive BERT server (peer for load tests)")
 
@@ -121,7 +184,7 @@ def create_app(models: dict[str, str], cache_dir: Path = DEFAULT_CACHE) -> FastA
 
     @app.post("/qa")
     def qa(body: dict, response: Response) -> Any:
-        """The best answer span, like the question-answering pipeline."""
+        """The best answer span (answer, score, start, end), as the old question-answering pipeline gave it."""
         return run("qa", response, question=body["question"], context=body["context"])
 
     @app.post("/ner")
@@ -145,9 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args(argv)
     models = dict(item.split("=", 1) for item in args.model)
-    unknown = sorted(set(models) - set(PIPELINE_TASKS))
+    unknown = sorted(set(models) - set(TASKS))
     if not models or unknown:
-        parser.error(f"give --model TASK=NAME with TASK in {sorted(PIPELINE_TASKS)} (got {args.model})")
+        parser.error(f"give --model TASK=NAME with TASK in {list(TASKS)} (got {args.model})")
     import uvicorn
 
     uvicorn.run(create_app(models, args.cache_dir), host=args.host, port=args.port, log_level="warning")

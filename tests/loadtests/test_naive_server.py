@@ -49,3 +49,29 @@ def test_arguments_are_checked() -> None:
         main(["--model", "summarize=x"])
     with pytest.raises(SystemExit):
         main([])
+
+
+def test_naive_qa_answers_from_the_context_over_rest(tmp_path: Path) -> None:
+    """transformers 5 has no question-answering pipeline: the hand-written /qa returns a span of the context,
+    for a short context (one window) and a long one (several 384-token windows)."""
+    pytest.importorskip("torch", reason="the naive peer runs PyTorch")
+    from fastapi.testclient import TestClient
+
+    from loadtests.naive_server import NaiveQA, create_app
+    from tests.loadtests.tiny_models import build_tiny_qa_checkpoint
+
+    checkpoint = build_tiny_qa_checkpoint(tmp_path)
+    short = "Ada Lovelace published her notes in 1843 in Taylor's Scientific Memoirs."
+    long = " ".join(f"Sentence {i} says that the bridge was painted red in {1800 + i}." for i in range(120))
+    qa = NaiveQA(str(checkpoint))
+    assert len(qa.tokenizer(long)["input_ids"]) > 2 * qa.max_length  # several windows
+    client = TestClient(create_app({"qa": str(checkpoint)}, tmp_path / "cache"))
+    for context in (short, long):
+        response = client.post("/qa", json={"question": "When was the bridge painted?", "context": context})
+        assert response.status_code == 200
+        body = response.json()
+        assert set(body) == {"answer", "score", "start", "end"}
+        assert 0 <= body["start"] < body["end"] <= len(context) and 0 < body["score"] <= 1
+        assert context[body["start"] : body["end"]] == body["answer"] and body["answer"].strip()
+        assert float(response.headers["x-inference-time-ms"]) > 0
+    assert client.post("/classify", json={"inputs": "x"}).status_code == 404

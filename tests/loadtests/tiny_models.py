@@ -78,3 +78,27 @@ def build_tiny_classifier(out_dir: Path, name: str = "tiny-sst2") -> tuple[Path,
         source={"built_by": "tests/loadtests/tiny_models.py", "seed": 0},
     ).write(bundle)
     return checkpoint, bundle
+
+
+def build_tiny_qa_checkpoint(out_dir: Path, name: str = "tiny-squad-hf") -> Path:
+    """A Hugging Face checkpoint folder of a random tiny extractive-QA model (same size as the classifier)."""
+    import torch
+
+    from bert_model.config import BertConfig
+    from bert_model.heads import BertForQuestionAnswering
+    from bert_model.tokenization import BertTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = BertTokenizer.from_pretrained("minilm")
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        attn_implementation="eager",
+    )
+    checkpoint = BertForQuestionAnswering(config).eval().save_pretrained(out_dir / name)
+    tokenizer.save(checkpoint)
+    return checkpoint
