@@ -96,13 +96,33 @@ bench: install
 	$(CPU_LOCK) $(VENV)/bin/bertserve bench-model $(BENCH_MODEL) --out artifacts/bench $(BENCH_ARGS)
 
 # ---- load tests (issue 7) ---------------------------------------------------------------------------
-.PHONY: loadtest
+.PHONY: loadtest loadtest-acceptance
 LOADTEST_PROFILE ?= smoke
+LOADTEST_BUNDLES := $(foreach name,$(DEFAULT_BUNDLES),$(BUNDLES_DIR)/$(name)/manifest.json)
+SST2_DEV ?= ../shared/data/sst2/dev.half-a.tsv
+SQUAD_DEV ?= ../shared/data/squad_v1.1/dev-v1.1.half-a.json
+
+# A default bundle is (re)built when it is missing or older than its model's files (a retrained model).
+define loadtest_bundle_rule
+$(BUNDLES_DIR)/$(1)/manifest.json: $(wildcard bert_model/pretrained/$(1)/*)
+	$(MAKE) bundles DEFAULT_BUNDLES=$(1)
+endef
+$(foreach name,$(DEFAULT_BUNDLES),$(eval $(call loadtest_bundle_rule,$(name))))
+
 # make loadtest [LOADTEST_PROFILE=steady|ramp|overload] [LOADTEST_ARGS="--peers --mix /classify --sst2 FILE"]
 # Results in loadtests/results/<timestamp>-<profile>/; exit 3 on a regression, 4 on a failed check.
-loadtest: install proto
-	@for name in $(DEFAULT_BUNDLES); do test -f $(BUNDLES_DIR)/$$name/manifest.json || { $(MAKE) bundles && break; }; done
+loadtest: install proto $(LOADTEST_BUNDLES)
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile $(LOADTEST_PROFILE) $(LOADTEST_ARGS)
+
+# The README's measured runs (about 10 minutes): /classify and QA.Extract at 32 users against the naive peer,
+# then the overload profile.
+loadtest-acceptance: install proto $(LOADTEST_BUNDLES)
+	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile steady --peers --mix /classify \
+		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-classify
+	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile steady --peers --mix QA.Extract \
+		--models qa=minilm-squad --squad $(SQUAD_DEV) --tag acceptance-qa-grpc
+	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile overload --mix "/classify=1,Classifier.Classify=1" \
+		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-overload
 
 # ---- default task models (issue 4) -----------------------------------------------------------------
 # LoRA composites over minilm (a few MB each, committed under bert_model/pretrained/), rebuilt from the
