@@ -31,7 +31,7 @@ from bert_model.tokenization import BertTokenizer
 from export.canonicalize import canonicalize
 from export.graph import export_onnx, fuse_bert, fused_op_counts
 from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, judge_fp32, max_abs_diff
-from export.task_guard import GuardOptions, TaskGuard, build_guard
+from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard
 from export.variants import CPU_PREFERENCE, DEFAULT_VARIANTS, OPENVINO_PROVIDER, RECIPES, Sources, parse_variants
 from export.wrapper import encoder_of, labels_of, load_task_model
 
@@ -57,7 +57,7 @@ class ExportOptions:
     PyTorch fp32's predictions; default: the real data set, else built-in sentences."""
     data_dir: Path | None = None
     """Folder of the real data sets (../shared/data) used when neither file is given."""
-    guard_limit: int = 256
+    guard_limit: int = DEFAULT_GUARD_LIMIT
     """How many examples (questions, sentences, texts) the accuracy guards judge, evenly spaced over the file."""
     strict: bool = False
     """Fail the whole export when a variant is refused (default: drop that variant, keep the others)."""

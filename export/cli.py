@@ -42,7 +42,7 @@ def export_command(
     ] = None,
     guard_limit: Annotated[
         int, typer.Option(help="Examples the accuracy guards judge (questions, sentences, texts), evenly spaced.")
-    ] = 256,
+    ] = 1000,
     data_dir: Annotated[
         Path | None, typer.Option(help="Real data folder (default ../shared/data) for the guards.")
     ] = None,

@@ -112,14 +112,14 @@ def test_embed_agreement_is_the_smallest_cls_cosine() -> None:
 
 
 def test_every_written_variant_is_within_its_guard_on_real_text(minilm_bundle: tuple[Path, dict]) -> None:
-    """minilm-sst2 (or MiniLM + a fitted stand-in head until it exists) on 256 SST-2 dev sentences: every
+    """minilm-sst2 (or MiniLM + a fitted stand-in head until it exists) on the 436 SST-2 dev-half-a sentences: every
     variant written meets its guard, every refused one is absent; fp32 and fp16 always pass."""
     from bert_model.tasks.spec import BundleManifest
 
     bundle, refused = minilm_bundle
     manifest = BundleManifest.read(bundle)
     guard = manifest.source["guard_inputs"]
-    assert guard["source"].endswith("sst2/dev.half-a.tsv") and guard["count"] == 256
+    assert guard["source"].endswith("sst2/dev.half-a.tsv") and guard["count"] == 436
     # minilm-sst2 scores SST-2's gold labels (eval set); the stand-in head knows no label map: agreement only
     assert guard["judgment"] == ("eval-set" if "pytorch_fp32" in guard else "agreement-with-fp32")
     assert manifest.variants["cpu-fp32"].parity["max_abs_diff"] <= 1e-4

@@ -249,10 +249,10 @@ def test_calibration_texts_are_judged_by_agreement(tiny_models: dict[str, Path],
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["minilm-squad", "minilm-conll03"])
 def test_default_models_pass_their_task_guards_on_real_data(name: str, data_dir: Path, tmp_path: Path) -> None:
-    result = build_bundle(name, tmp_path / name, data_dir=data_dir)  # every default variant, 256 examples
+    result = build_bundle(name, tmp_path / name, data_dir=data_dir)  # every default variant, 1000 examples
     manifest = BundleManifest.read(tmp_path / name)
     guard = manifest.source["guard_inputs"]
-    assert guard["judgment"] == "eval-set" and guard["count"] == 256
+    assert guard["judgment"] == "eval-set" and guard["count"] == 1000
     print(f"\n{name}: PyTorch fp32 {guard['pytorch_fp32']}; refused {result.refused}")
     assert manifest.variants["cpu-fp32"].parity["max_abs_diff"] <= 1e-4
     for variant, spec in manifest.variants.items():
