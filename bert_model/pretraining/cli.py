@@ -142,6 +142,12 @@ def pretrain(
     position_init: Annotated[
         str, typer.Option(help="Fresh position embeddings: normal (BERT) or sinusoidal (then learned).")
     ] = "normal",
+    attention_init: Annotated[
+        str, typer.Option(help="Fresh attention: normal (BERT) or mimetic (W_k = W_q: starts local, learns faster).")
+    ] = "normal",
+    mlm_bias_init: Annotated[
+        str, typer.Option(help="Fresh MLM output bias: zero (BERT) or unigram (log token frequencies of the data).")
+    ] = "zero",
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
     stop_after: Annotated[int | None, typer.Option(help="Stop with a checkpoint after N steps of this call.")] = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")] = None,
@@ -176,6 +182,8 @@ def pretrain(
             seed=seed,
             dropout=dropout,
             position_init=position_init,
+            attention_init=attention_init,
+            mlm_bias_init=mlm_bias_init,
             resume=resume,
             stop_after=stop_after,
             progress=progress,

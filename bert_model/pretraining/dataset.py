@@ -126,6 +126,14 @@ def iter_split(folder: str | Path, meta: DataMeta, split: str, limit: int | None
         yield stream.next_instance()
 
 
+def token_counts(folder: str | Path, meta: DataMeta, split: str = "train") -> np.ndarray:
+    """(vocab_size,) int64 occurrences of every token id in a split (one shard in memory at a time)."""
+    counts = np.zeros(meta.vocab_size, dtype=np.int64)
+    for info in meta.splits[split].shards:
+        counts += Shard(Path(folder) / split / info.file).token_counts(meta.vocab_size)
+    return counts
+
+
 def collate(
     instances: list[MaskedInstance], pad_id: int, pad_to: int | None = None, multiple_of: int = 1
 ) -> dict[str, np.ndarray]:

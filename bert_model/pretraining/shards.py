@@ -182,6 +182,14 @@ class Shard:
     def __len__(self) -> int:
         return int(self.offsets.size - 1)
 
+    def token_counts(self, vocab_size: int) -> np.ndarray:
+        """(vocab_size,) occurrences of each token id in the uncorrupted text of this shard's instances."""
+        ids = self._arrays["input_ids"].astype(np.int64)
+        labels = self._arrays.get("labels")
+        if labels is not None:  # static masking: the original token sits in the label where one was chosen
+            ids = np.where(labels >= 0, labels, ids)
+        return np.bincount(ids, minlength=vocab_size)[:vocab_size]
+
     def __getitem__(self, index: int) -> StoredInstance:
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
         labels = self._arrays.get("labels")

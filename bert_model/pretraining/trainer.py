@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from bert_model.heads import IGNORE_INDEX, PreTrainingOutput
-from bert_model.pretraining.dataset import InstanceStream, MaskedInstance, collate, iter_split
+from bert_model.pretraining.dataset import InstanceStream, MaskedInstance, collate, iter_split, token_counts
 from bert_model.pretraining.distributed import (
     DistContext,
     all_reduce_max,
@@ -109,7 +109,17 @@ class Trainer:
         self.tokenizer = BertTokenizer.from_pretrained(args.data / TOKENIZER_DIR)
         self._check_out_folder()
         torch.manual_seed(args.seed)  # the same initial weights in every process
-        model = build_model(self.meta, self.tokenizer, args.config, args.init, args.dropout, args.position_init)
+        counts = token_counts(args.data, self.meta) if args.mlm_bias_init == "unigram" else None
+        model = build_model(
+            self.meta,
+            self.tokenizer,
+            args.config,
+            args.init,
+            args.dropout,
+            args.position_init,
+            args.attention_init,
+            counts,
+        )
         self.model = model.to(context.device)
         self.optimizer = build_optimizer(self.model, args.optimizer, args.learning_rate, args.weight_decay)
         budget_s = None if args.time_budget_minutes is None else args.time_budget_minutes * 60

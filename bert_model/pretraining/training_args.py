@@ -68,6 +68,10 @@ class TrainingArgs:
     position_init: str = "normal"
     """Start of a fresh model's learned position embeddings: normal (BERT's N(0, 0.02)) or sinusoidal
     (Vaswani et al. 2017, scaled to the same 0.02 RMS)."""
+    attention_init: str = "normal"
+    """Start of a fresh model's attention: normal (BERT) or mimetic (W_k = W_q, Trockman & Kolter 2023)."""
+    mlm_bias_init: str = "zero"
+    """Start of a fresh model's MLM decoder bias: zero (BERT) or unigram (log frequencies of the training text)."""
     resume: bool = False
     """Continue the run in `out` from its checkpoint (same data, batch and process count)."""
     stop_after: int | None = None
@@ -87,6 +91,8 @@ class TrainingArgs:
             raise ValueError("give exactly one of --config (train from scratch) and --init (continue a checkpoint)")
         self._check_counts()
         self._check_rates()
+        if self.mlm_bias_init not in ("zero", "unigram"):
+            raise ValueError(f"mlm_bias_init must be zero or unigram, got {self.mlm_bias_init!r}")
         self.accumulation_steps(world_size)
         self.resolved_warmup()
 

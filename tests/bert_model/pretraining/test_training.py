@@ -297,3 +297,67 @@ def test_sinusoidal_position_init(data_folder: Path, tiny_config: Path) -> None:
         build_model(meta, tokenizer, config=str(tiny_config), position_init="rotary")
     with pytest.raises(ValueError, match="not to --init"):
         build_model(meta, tokenizer, init="minilm", position_init="sinusoidal")
+
+
+def test_mimetic_attention_init_starts_attention_on_similar_tokens(data_folder: Path, tiny_config: Path) -> None:
+    from bert_model.pretraining.model_setup import MIMETIC_SELF_LOGIT, build_model
+
+    meta, tokenizer = DataMeta.load(data_folder), BertTokenizer.from_pretrained(data_folder / "tokenizer")
+    model = build_model(meta, tokenizer, config=str(tiny_config), attention_init="mimetic").eval()
+    plain = build_model(meta, tokenizer, config=str(tiny_config)).eval()
+    config = model.config
+    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+
+    def self_logits(bert_model: BertForPreTraining) -> torch.Tensor:
+        """(heads, S, S) attention logits of layer 0 on one real instance."""
+        instance = InstanceStream(data_folder, meta, "train", seed=0).take(1)
+        batch = {k: torch.from_numpy(v) for k, v in collate(instance, tokenizer.pad_id).items()}
+        with torch.no_grad():
+            hidden = bert_model.bert.embeddings(batch["input_ids"], batch["token_type_ids"])[0]
+            attention = bert_model.bert.encoder.layer[0].attention.self
+            q = attention.query(hidden).view(-1, heads, head_dim).transpose(0, 1)
+            k = attention.key(hidden).view(-1, heads, head_dim).transpose(0, 1)
+        return q @ k.transpose(1, 2) / math.sqrt(head_dim)
+
+    for layer in model.bert.encoder.layer:  # W_k = W_q in every layer, values untouched
+        assert torch.equal(layer.attention.self.key.weight, layer.attention.self.query.weight)
+    logits, baseline = self_logits(model), self_logits(plain)
+    diagonal = logits.diagonal(dim1=1, dim2=2)
+    off_diagonal = logits.sum((1, 2)) - diagonal.sum(1)
+    # every token's logit against itself is near the target and well above its mean logit against others
+    assert diagonal.mean().item() == pytest.approx(MIMETIC_SELF_LOGIT, rel=0.35)
+    assert (diagonal.mean(1) > off_diagonal / (logits.shape[1] * (logits.shape[1] - 1)) + 1.0).all()
+    assert baseline.diagonal(dim1=1, dim2=2).abs().mean().item() < 0.5  # BERT's start: near-uniform attention
+    with pytest.raises(ValueError, match="attention_init must be one of"):
+        build_model(meta, tokenizer, config=str(tiny_config), attention_init="identity")
+    with pytest.raises(ValueError, match="not to --init"):
+        build_model(meta, tokenizer, init="minilm", attention_init="mimetic")
+
+
+def test_unigram_mlm_bias_starts_at_the_log_prior(data_folder: Path, tiny_config: Path) -> None:
+    from bert_model.pretraining.dataset import token_counts
+    from bert_model.pretraining.model_setup import build_model
+
+    meta, tokenizer = DataMeta.load(data_folder), BertTokenizer.from_pretrained(data_folder / "tokenizer")
+    counts = token_counts(data_folder, meta)
+    assert counts.sum() == meta.splits["train"].tokens  # every stored token counted once
+    model = build_model(meta, tokenizer, config=str(tiny_config), token_counts=counts)
+    bias = model.cls.predictions.bias.detach().double()
+    words = [i for i in range(meta.vocab_size) if i not in set(meta.special_ids.values())]
+    frequent, rare = int(counts[words].argmax()), words[int(counts[words].argmin())]
+    # differences of the bias are differences of log (count + 1)
+    assert (bias[frequent] - bias[rare]).item() == pytest.approx(math.log((counts[frequent] + 1) / (counts[rare] + 1)))
+    assert bias[meta.special_ids["mask"]].item() == pytest.approx(bias.min().item())
+    # the untrained model's MLM loss on held-out text starts near the unigram entropy, not at log(vocab)
+    instances = InstanceStream(data_folder, meta, "eval", seed=0, shuffle=False).take(16)
+    batch = {k: torch.from_numpy(v) for k, v in collate(instances, tokenizer.pad_id).items()}
+    plain = build_model(meta, tokenizer, config=str(tiny_config))
+    with torch.no_grad():
+        primed_loss, plain_loss = model.eval()(**batch).mlm_loss, plain.eval()(**batch).mlm_loss
+    assert primed_loss < plain_loss - 0.5
+    with pytest.raises(ValueError, match="token counts cover"):
+        build_model(meta, tokenizer, config=str(tiny_config), token_counts=counts[:-1])
+    with pytest.raises(ValueError, match="not to --init"):
+        build_model(meta, tokenizer, init="minilm", token_counts=counts)
+    with pytest.raises(ValueError, match="mlm_bias_init must be"):
+        TrainingArgs(data=data_folder, out=data_folder / "x", config="tiny", mlm_bias_init="prior").validate()
