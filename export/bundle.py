@@ -5,7 +5,8 @@ Steps: validate every option before any work; load the model (eager attention); 
 (task_guard.py); export opset-17 ONNX; canonicalize and fuse; build each requested variant; run each against
 PyTorch fp32 on the guard's batches, decode both with `bertserve evaluate`'s task logic and refuse the variants
 outside their guard (parity.py); write everything into a temporary folder next to the target and rename it
-into place at the end, so a failure never leaves a half-written bundle.
+into place at the end, so a failure never leaves a half-written bundle. The manifest carries the model's own
+window and decoding settings (`task_settings`, the ones `bertserve evaluate` uses) for the service's defaults.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from bert_model.tokenization import BertTokenizer
 from export.canonicalize import canonicalize
 from export.graph import export_onnx, fuse_bert, fused_op_counts
 from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, judge_fp32, max_abs_diff
-from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard
+from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard, served_task_settings
 from export.variants import CPU_PREFERENCE, DEFAULT_VARIANTS, OPENVINO_PROVIDER, RECIPES, Sources, parse_variants
 from export.wrapper import encoder_of, labels_of, load_task_model
 
@@ -166,6 +167,7 @@ def _build_into(
         lowercase=tokenizer.lowercase,
         default_variants=_defaults(variants),
         source=_source_info(folder, opts, guard.describe(expected), rewrites, fused_counts, refused, started),
+        task_settings=served_task_settings(task, encoder_of(model).config, max_len),
     )
     manifest.write(scratch)
     return manifest, refused

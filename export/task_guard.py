@@ -18,7 +18,8 @@ Where the examples come from (the first that applies), and which judgment of exp
 4. built-in sentences: `agreement-with-fp32`.
 At most `limit` examples, evenly spaced over the file exactly as `bertserve evaluate --limit` picks them, so the
 guard's PyTorch fp32 figures are `evaluate`'s. Window and decoding settings are the model's own (`bertserve.task`
-in its config.json, read as `evaluate` reads them), shrunk to fit the bundle's max_seq_length.
+in its config.json, read as `evaluate` reads them), shrunk to fit the bundle's max_seq_length; the window and
+decoding ones the service uses go into the manifest's `task_settings` (`served_task_settings`).
 """
 
 from __future__ import annotations
@@ -152,6 +153,28 @@ def task_options(task: str, config: BertConfig, max_len: int) -> TaskOptions:
     if task == "embed":
         return ClassifyOptions(max_seq_length=min(max_len, 384))
     return fit_options(default_options(task, stored_settings(config)), max_len)
+
+
+SERVED_SETTINGS: dict[str, tuple[str, ...]] = {
+    "qa": ("max_seq_length", "doc_stride", "max_query_length", "max_answer_length"),
+    "ner": ("max_seq_length", "stride"),
+}
+"""Per task, the window and decoding settings the service reads from the manifest (`task_settings`)."""
+QA_NULL_SETTINGS = ("version_2", "null_threshold")
+
+
+def served_task_settings(task: str, config: BertConfig, max_len: int) -> dict[str, Any]:
+    """The manifest's `task_settings`: the model's stored settings that the service uses, fitted to `max_len`
+    exactly as the guard's (so export, evaluate and serving read the same windows); {} for a model without
+    stored settings (a base model with a fresh head), which the service serves with its own defaults."""
+    stored = stored_settings(config)
+    if task not in SERVED_SETTINGS or not stored:
+        return {}
+    fitted = asdict(task_options(task, config, max_len))
+    settings = {name: fitted[name] for name in SERVED_SETTINGS[task]}
+    if task == "qa":
+        settings.update({name: stored[name] for name in QA_NULL_SETTINGS if name in stored})
+    return settings
 
 
 def fit_options(options: TaskOptions, max_len: int) -> TaskOptions:

@@ -87,7 +87,7 @@ class LoadedModel:
             "task": manifest.task,
             "labels": list(manifest.labels),
             "variant": self.backend.variant,
-            "max_seq_length": manifest.max_seq_length,
+            "max_seq_length": self.pipeline.max_seq_length,  # the windows served (<= the graph's)
             "backend": self.backend.kind,
             "is_default": self.is_default,
         }
@@ -253,7 +253,7 @@ class InferenceService:
         self._check_texts(request.contexts, "context", count=False)
         if not 1 <= request.top_k <= 20:
             raise InvalidInput(f"top_k must be between 1 and 20, got {request.top_k}")
-        if not 1 <= request.max_answer_len <= 512:
+        if request.max_answer_len is not None and not 1 <= request.max_answer_len <= 512:
             raise InvalidInput(f"max_answer_len must be between 1 and 512 tokens, got {request.max_answer_len}")
         if request.doc_stride is not None and request.doc_stride < 0:
             raise InvalidInput(f"doc_stride must be >= 0, got {request.doc_stride}")

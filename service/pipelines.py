@@ -4,11 +4,16 @@ Each pipeline turns one validated request into features (each remembering its in
 features' output rows back into one result per input, in the shapes of Hugging Face pipelines:
 classify -> `[{label, score}]`, qa -> `[{answer, score, start, end}]`, ner -> `[{entity_group, score, word,
 start, end}]`. Errors of the task layer caused by the input (ValueError / TypeError) become `InvalidInput`.
+
+Windows: QA and NER use the model's own settings from the manifest's `task_settings` (the ones it was
+fine-tuned and `bertserve evaluate`d with, e.g. 256-token QA windows, doc_stride 128), capped by the graph's
+`max_seq_length`; a bundle without them (written before they existed) gets windows of the graph's length
+with this module's defaults. Per-request fields (`doc_stride`, `max_answer_len`) still override.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +48,8 @@ class QAInput:
     questions: list[str]
     contexts: list[str]
     top_k: int = 1
-    max_answer_len: int = QA_DEFAULT_MAX_ANSWER_LEN
+    max_answer_len: int | None = None
+    """None: the model's (manifest task_settings), else QA_DEFAULT_MAX_ANSWER_LEN."""
     handle_impossible_answer: bool = False
     doc_stride: int | None = None
     truncate: bool = True
@@ -59,6 +65,74 @@ class NERInput:
 TaskInput = ClassifyInput | QAInput | NERInput
 
 
+@dataclass(frozen=True)
+class QAWindows:
+    """How a QA pipeline windows and decodes: the model's settings fitted to the graph, or the defaults."""
+
+    max_seq_length: int
+    doc_stride: int
+    max_query_length: int
+    max_answer_length: int
+    null_threshold: float
+    """Threshold of the empty answer when a request sets handle_impossible_answer (a SQuAD 2.0 model's own)."""
+
+    @property
+    def context_room(self) -> int:
+        """Context tokens per window: what the question and the three special tokens leave."""
+        return self.max_seq_length - self.max_query_length - 3
+
+
+def qa_windows(settings: Mapping[str, Any], capacity: int) -> QAWindows:
+    """QA windows from a manifest's `task_settings`, at most `capacity` tokens (the graph's max_seq_length).
+
+    Stored settings that fit the graph are used as they are (what `bertserve evaluate` uses); without them, or
+    with a longer stored window, the window is the graph's length, shrunk as export's guard shrinks it: the
+    question at most half of it, the stride at most half of the context room.
+    """
+    stored = _setting(settings, "max_seq_length", capacity, minimum=8)
+    query = _setting(settings, "max_query_length", QA_MAX_QUESTION_TOKENS)
+    stride = _setting(settings, "doc_stride", QA_DEFAULT_STRIDE, minimum=0)
+    length = min(stored, capacity)
+    if stored > capacity or "max_seq_length" not in settings:
+        query = min(query, (length - 3) // 2)
+        stride = min(stride, (length - query - 3) // 2)
+    if stride >= length - query - 3:
+        raise ValueError(
+            f"manifest task_settings: doc_stride {stride} must be smaller than the context tokens of a window "
+            f"({length} - {query} - 3 = {length - query - 3})"
+        )
+    threshold = settings.get("null_threshold")
+    return QAWindows(
+        max_seq_length=length,
+        doc_stride=stride,
+        max_query_length=query,
+        max_answer_length=_setting(settings, "max_answer_length", QA_DEFAULT_MAX_ANSWER_LEN),
+        null_threshold=float(threshold) if isinstance(threshold, int | float) else 0.0,
+    )
+
+
+def ner_windows(settings: Mapping[str, Any], capacity: int) -> tuple[int, int]:
+    """NER (window length, stride) from a manifest's `task_settings`, at most `capacity` tokens (fitted as
+    `qa_windows` fits: the stride at most a quarter of a window that is the graph's length)."""
+    stored = _setting(settings, "max_seq_length", capacity, minimum=8)
+    stride = _setting(settings, "stride", NER_DEFAULT_STRIDE, minimum=0)
+    length = min(stored, capacity)
+    if stored > capacity or "max_seq_length" not in settings:
+        stride = min(stride, (length - 2) // 4)
+    if stride >= length - 2:
+        raise ValueError(
+            f"manifest task_settings: stride {stride} must be smaller than max_seq_length - 2 ({length - 2})"
+        )
+    return length, stride
+
+
+def _setting(settings: Mapping[str, Any], name: str, default: int, minimum: int = 1) -> int:
+    value = settings.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"manifest task_settings {name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
 class Pipeline:
     """Task logic for one bundle: features out of an input, results out of output rows."""
 
@@ -69,6 +143,7 @@ class Pipeline:
         self.bundle = bundle
         self.tokenizer = bundle.tokenizer
         self.max_seq_length = bundle.manifest.max_seq_length
+        """The longest window this pipeline builds (what `GET /v1/models` reports)."""
         self.labels = list(bundle.manifest.labels)
 
     @property
@@ -136,18 +211,23 @@ class QAPipeline(Pipeline):
     task = "qa"
     sequence_outputs = ("start_logits", "end_logits")
 
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        self.windows = qa_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length)
+        self.max_seq_length = self.windows.max_seq_length
+
     @property
     def max_question_tokens(self) -> int:
-        return min(QA_MAX_QUESTION_TOKENS, (self.max_seq_length - 3) // 2)
+        return self.windows.max_query_length
 
     @property
     def context_room(self) -> int:
         """Context tokens per window: what the question and the three special tokens leave."""
-        return self.max_seq_length - self.max_question_tokens - 3
+        return self.windows.context_room
 
     @property
     def default_stride(self) -> int:
-        return min(QA_DEFAULT_STRIDE, self.context_room // 2)
+        return self.windows.doc_stride
 
     def _features(self, request: QAInput) -> list[Feature]:
         stride = self.default_stride if request.doc_stride is None else request.doc_stride
@@ -174,8 +254,10 @@ class QAPipeline(Pipeline):
             [output["start_logits"] for output in outputs],
             [output["end_logits"] for output in outputs],
             top_k=request.top_k,
-            max_answer_length=request.max_answer_len,
-            null_threshold=0.0 if request.handle_impossible_answer else None,
+            max_answer_length=self.windows.max_answer_length
+            if request.max_answer_len is None
+            else request.max_answer_len,
+            null_threshold=self.windows.null_threshold if request.handle_impossible_answer else None,
         )
 
     def count(self, request: QAInput) -> int:
@@ -190,10 +272,10 @@ class NERPipeline(Pipeline):
     task = "ner"
     sequence_outputs = ("logits",)
 
-    @property
-    def stride(self) -> int:
-        """Tokens shared by consecutive windows of a long text."""
-        return min(NER_DEFAULT_STRIDE, (self.max_seq_length - 2) // 4)
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        self.max_seq_length, self.stride = ner_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length)
+        """Window length, and tokens shared by consecutive windows of a long text."""
 
     def _features(self, request: NERInput) -> list[Feature]:
         features = build_ner_features(
@@ -233,4 +315,8 @@ PIPELINES: dict[str, type[Pipeline]] = {"classify": ClassifyPipeline, "qa": QAPi
 
 
 def make_pipeline(bundle: ServingBundle) -> Pipeline:
-    return PIPELINES[bundle.task](bundle)
+    """The task pipeline of `bundle`; a manifest whose task_settings cannot be used raises ValueError naming it."""
+    try:
+        return PIPELINES[bundle.task](bundle)
+    except ValueError as error:
+        raise ValueError(f"bundle {bundle.path}: {error}") from error

@@ -98,7 +98,12 @@ class QARequest(_Body):
     )
     inputs: list[QAPair] | None = Field(None, description="Several {question, context} pairs (list form).")
     top_k: StrictInt = Field(1, ge=1, le=20, description="Answers per question, best first.")
-    max_answer_len: StrictInt = Field(15, ge=1, le=512, description="Longest answer, in tokens.")
+    max_answer_len: StrictInt | None = Field(
+        None,
+        ge=1,
+        le=512,
+        description="Longest answer, in tokens; omitted = the model's (its fine-tuning setting, else 15).",
+    )
     handle_impossible_answer: StrictBool = Field(
         False, description="Allow the empty answer {answer: '', start: 0, end: 0} when no span beats it."
     )
@@ -166,7 +171,9 @@ class ModelInfo(BaseModel):
     task: str = Field(..., examples=["classify"])
     labels: list[str] = Field(default_factory=list, examples=[["negative", "positive"]])
     variant: str = Field(..., examples=["cpu-int8"])
-    max_seq_length: int = Field(..., examples=[128])
+    max_seq_length: int = Field(
+        ..., description="Tokens per window (the model's own, at most its graph's capacity).", examples=[128]
+    )
     backend: str = Field(..., examples=["ort"])
     is_default: bool = Field(..., description="Whether requests without `model` get this one for its task.")
 

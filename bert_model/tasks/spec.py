@@ -92,6 +92,10 @@ class BundleManifest:
     """Preferred variant per hardware: {"cpu": "cpu-int8", "gpu": "gpu-fp16"}."""
     source: dict[str, Any] = field(default_factory=dict)
     """Where it came from: model path or name, export options, creation time, versions."""
+    task_settings: dict[str, Any] = field(default_factory=dict)
+    """The model's own task settings (as `bertserve evaluate` reads them, fitted to `max_seq_length`): for qa
+    max_seq_length, doc_stride, max_query_length, max_answer_length (and version_2, null_threshold); for ner
+    max_seq_length, stride. The service's defaults; empty (bundles written before it) = the service's own."""
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -104,6 +108,8 @@ class BundleManifest:
             raise ValueError("a bundle needs at least one variant")
         if self.max_seq_length < 8:
             raise ValueError(f"max_seq_length {self.max_seq_length} is too small")
+        if not isinstance(self.task_settings, dict):
+            raise ValueError(f"manifest task_settings must be an object, got {self.task_settings!r}")
         if self.task in ("classify", "ner") and not self.labels:
             raise ValueError(f"a {self.task} bundle needs labels")
         for hardware, variant in self.default_variants.items():

@@ -99,7 +99,7 @@ class QAServicer(_Base, pb_grpc.QAServicer):
                 questions=[item.question for item in request.inputs],
                 contexts=[item.context for item in request.inputs],
                 top_k=request.top_k if request.HasField("top_k") else 1,
-                max_answer_len=request.max_answer_len if request.HasField("max_answer_len") else 15,
+                max_answer_len=request.max_answer_len if request.HasField("max_answer_len") else None,
                 handle_impossible_answer=request.handle_impossible_answer,
                 doc_stride=request.doc_stride if request.HasField("doc_stride") else None,
                 truncate=self._truncate(request),

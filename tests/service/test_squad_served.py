@@ -3,12 +3,13 @@
 The real server (`bertserve serve` on free ports, torch unimportable) serves the `artifacts/bundles/minilm-squad`
 bundle through its default variant, exactly as `make serve` does (OpenVINO int8 on this CPU with the `openvino`
 extra installed). LIMIT evenly spaced questions of SQuAD v1.1 dev-half-a (the ones `bertserve evaluate --limit
-LIMIT` scores) go to it over REST and over gRPC, with max_answer_len 30 (the model's; the REST default is the
-Hugging Face pipeline's 15). `bertserve evaluate --predictions` answers the same questions with the PyTorch fp32
-model on its training windows (256 tokens); the service reads the bundle's windows (512 tokens) with a
+LIMIT` scores) go to it over REST and over gRPC with the service's defaults. `bertserve evaluate --predictions`
+answers the same questions with the PyTorch fp32 model on its training windows (256 tokens, doc_stride 128,
+max_answer_length 30); the service reads the same settings from the bundle manifest's `task_settings` (a bundle
+exported before them was served on the graph's 512-token windows with max_answer_len 15), with a
 reduced-precision graph. Every disagreement is attributed by recomputing the served variant's answers offline
 with `bert_model.tasks`:
-- `windows`: the variant's answer changes between evaluate's windows and the service's;
+- `windows`: the variant's answer changes between evaluate's windows and the service's (none when they agree);
 - `precision`: in evaluate's windows, the variant's answer differs from PyTorch fp32's;
 - `service`: the served answer differs from the variant's own offline answer (batching, padding): must stay rare.
 Needs the default model, its bundle (`make bundles`, built after the model) and ../shared/data; skips otherwise.
@@ -44,7 +45,6 @@ MODEL = "minilm-squad"
 BUNDLE = REPO / "artifacts" / "bundles" / MODEL
 DATA = Path("squad_v1.1") / "dev-v1.1.half-a.json"
 LIMIT = 200
-MAX_ANSWER_LEN = 30
 
 
 @dataclass
@@ -52,6 +52,7 @@ class Windows:
     max_seq_length: int
     doc_stride: int
     max_query_length: int
+    max_answer_length: int
 
 
 def bundle_manifest() -> BundleManifest:
@@ -108,7 +109,7 @@ def served(examples: list[SquadExample], tmp_path_factory: pytest.TempPathFactor
 
 
 def _rest_answer(client: httpx.Client, example: SquadExample) -> dict:
-    body = {"question": example.question, "context": example.context, "max_answer_len": MAX_ANSWER_LEN}
+    body = {"question": example.question, "context": example.context}
     response = client.post("/qa", json=body)
     assert response.status_code == 200, response.text
     answer = response.json()
@@ -123,9 +124,7 @@ def _grpc_answers(channel: grpc.Channel, examples: list[SquadExample]) -> dict[s
     stub = pb_grpc.QAStub(channel)
     answers = {}
     for e in examples:
-        request = pb.ExtractRequest(
-            inputs=[pb.QAInput(question=e.question, context=e.context)], max_answer_len=MAX_ANSWER_LEN
-        )
+        request = pb.ExtractRequest(inputs=[pb.QAInput(question=e.question, context=e.context)])
         best = stub.Extract(request, timeout=60).results[0].answers[0]
         answers[e.id] = {"answer": best.answer, "score": best.score, "start": best.start, "end": best.end}
     return answers
@@ -152,17 +151,16 @@ def variant_answers(manifest: BundleManifest, variant: str, examples: list[Squad
         outputs = run(collate([feature], tokenizer.pad_id))
         starts.append(outputs["start_logits"][0])
         ends.append(outputs["end_logits"][0])
-    answers = qa_postprocess(features, starts, ends, max_answer_length=MAX_ANSWER_LEN)
+    answers = qa_postprocess(features, starts, ends, max_answer_length=windows.max_answer_length)
     return {e.id: answers[i][0]["answer"] for i, e in enumerate(examples)}
 
 
 def service_windows(manifest: BundleManifest) -> Windows:
-    """The windows the service reads for this bundle (service/pipelines.py: QAPipeline)."""
-    from service.pipelines import QA_DEFAULT_STRIDE, QA_MAX_QUESTION_TOKENS
+    """The windows the service reads for this bundle (service/pipelines.py: QAPipeline, from task_settings)."""
+    from service.pipelines import qa_windows
 
-    length = manifest.max_seq_length
-    query = min(QA_MAX_QUESTION_TOKENS, (length - 3) // 2)
-    return Windows(length, min(QA_DEFAULT_STRIDE, (length - query - 3) // 2), query)
+    served = qa_windows(manifest.task_settings, manifest.max_seq_length)
+    return Windows(served.max_seq_length, served.doc_stride, served.max_query_length, served.max_answer_length)
 
 
 def evaluate_windows() -> Windows:
@@ -172,7 +170,7 @@ def evaluate_windows() -> Windows:
     from bert_model.registry import resolve_model_path
 
     options = default_options("qa", stored_settings(BertConfig.load(resolve_model_path(MODEL))))
-    return Windows(options.max_seq_length, options.doc_stride, options.max_query_length)
+    return Windows(options.max_seq_length, options.doc_stride, options.max_query_length, options.max_answer_length)
 
 
 def test_rest_and_grpc_give_the_same_answers(served: dict) -> None:
@@ -190,6 +188,8 @@ def test_served_answers_match_bertserve_evaluate(
     expected, metrics = evaluated
     variant = served["variant"]
     answers = {qid: answer["answer"] for qid, answer in served["rest"].items()}
+    if manifest.task_settings:  # a bundle exported with the model's settings is served on evaluate's windows
+        assert service_windows(manifest) == evaluate_windows()
     own = variant_answers(manifest, variant, examples, service_windows(manifest))
     in_evaluate_windows = variant_answers(manifest, variant, examples, evaluate_windows())
     causes: Counter[str] = Counter()
