@@ -143,7 +143,7 @@ def pretrain(
         str, typer.Option(help="Fresh position embeddings: normal (BERT) or sinusoidal (then learned).")
     ] = "normal",
     attention_init: Annotated[
-        str, typer.Option(help="Fresh attention: normal (BERT) or mimetic (W_k = W_q: starts local, learns faster).")
+        str, typer.Option(help="Fresh attention: normal (BERT) or mimetic (W_k = W_q at the start).")
     ] = "normal",
     mlm_bias_init: Annotated[
         str, typer.Option(help="Fresh MLM output bias: zero (BERT) or unigram (log token frequencies of the data).")

@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 POSITION_INITS = ("normal", "sinusoidal")
 ATTENTION_INITS = ("normal", "mimetic")
-MLM_BIAS_INITS = ("zero", "unigram")
 MIMETIC_SELF_LOGIT = 4.0
 """Attention logit that `mimetic_attention_` gives a token's query against its own key, on average."""
 
@@ -55,8 +54,9 @@ def mimetic_attention_(model: BertForPreTraining, self_logit: float = MIMETIC_SE
     similarity of x_i and x_j: the "mimetic" start of Trockman & Kolter (2023, "Mimetic Initialization of
     Self-Attention Layers"), W_q W_k^T near a multiple of the identity. Each token first attends to tokens like
     itself and, with sinusoidal positions, to its neighbours, which is where masked LM's signal is, instead of
-    uniformly to all: the loss leaves the unigram plateau sooner. Weights stay N(0, std), with the std chosen so
-    that a token's logit against itself (x . x = hidden_size after LayerNorm) is `self_logit`."""
+    uniformly to all. Weights stay N(0, std), with the std chosen so that a token's logit against itself
+    (x . x = hidden_size after LayerNorm) is `self_logit`. Measured on the README's 8-minute `mini` probes: no
+    gain over BERT's start (held-out MLM accuracy 13.1% vs 13.0%); kept as an option for longer runs."""
     config = model.config
     head_dim = config.hidden_size // config.num_attention_heads
     std = math.sqrt(self_logit * math.sqrt(head_dim) / (head_dim * config.hidden_size))
@@ -70,9 +70,9 @@ def mimetic_attention_(model: BertForPreTraining, self_logit: float = MIMETIC_SE
 def unigram_mlm_bias_(model: BertForPreTraining, counts: np.ndarray, special_ids: Iterable[int]) -> None:
     """Start the MLM decoder's bias at the log frequency of each token in the training text (add-one smoothed;
     special tokens, never a target, at the smallest value): the initial prediction is the unigram prior instead
-    of uniform. "Initialise the final layer's bias to the log prior" is standard practice for imbalanced
-    classes; here it saves thousands of steps, because Adam moves each bias by about the learning rate per
-    step and the log frequencies span more than 10 nats."""
+    of uniform ("initialise the final layer's bias to the log prior", standard practice for imbalanced classes:
+    Adam moves each bias by about the learning rate per step, and the log frequencies span more than 10 nats).
+    Measured on the README's 8-minute `mini` probes: held-out MLM accuracy 13.4% vs 13.0% with a zero bias."""
     bias = model.cls.predictions.bias
     if counts.shape != (bias.numel(),):
         raise ValueError(f"token counts cover {counts.shape[0]} ids but the vocabulary has {bias.numel()}")

@@ -13,6 +13,8 @@ from typing import Any
 
 from bert_model.pretraining.optim import OPTIMIZERS
 
+MLM_BIAS_INITS = ("zero", "unigram")
+
 
 @dataclass
 class TrainingArgs:
@@ -91,8 +93,8 @@ class TrainingArgs:
             raise ValueError("give exactly one of --config (train from scratch) and --init (continue a checkpoint)")
         self._check_counts()
         self._check_rates()
-        if self.mlm_bias_init not in ("zero", "unigram"):
-            raise ValueError(f"mlm_bias_init must be zero or unigram, got {self.mlm_bias_init!r}")
+        if self.mlm_bias_init not in MLM_BIAS_INITS:
+            raise ValueError(f"mlm_bias_init must be one of {MLM_BIAS_INITS}, got {self.mlm_bias_init!r}")
         self.accumulation_steps(world_size)
         self.resolved_warmup()
 
