@@ -145,15 +145,8 @@ def _judge_answers(reference: Scored, candidate: Scored) -> ParityResult:
         token_f1(_text(candidate.predictions.get(i)), _text(answer)) for i, answer in reference.predictions.items()
     ]
     f1 = 100.0 * float(np.mean(scores)) if scores else 100.0
-    threshold = 100.0 - F1_POINTS
-    figures = {
-        "answer_f1_vs_fp32": f1,
-        "span_agreement": prediction_agreement(reference, candidate),
-        "threshold": threshold,
-        "examples": len(scores),
-    }
-    message = f"answer F1 vs PyTorch fp32's answers {f1:.2f} on {len(scores)} questions (needs >= {threshold:g})"
-    return ParityResult(f1 >= threshold, figures, message)
+    agreement = {"span_agreement": prediction_agreement(reference, candidate)}
+    return _f1_vs_fp32("answer", "answers", f1, agreement, len(scores), "questions")
 
 
 def _text(prediction: Any) -> str:
@@ -166,14 +159,18 @@ def _judge_entities(reference: Scored, candidate: Scored) -> ParityResult:
     gold = [reference.predictions[i] for i in indices]
     predicted = [candidate.predictions.get(i, ["O"] * len(reference.predictions[i])) for i in indices]
     f1 = entity_f1(gold, predicted)
+    agreement = {"sentence_agreement": prediction_agreement(reference, candidate)}
+    return _f1_vs_fp32("entity", "entities", f1, agreement, len(indices), "texts")
+
+
+def _f1_vs_fp32(
+    kind: str, references: str, f1: float, agreement: dict[str, float], examples: int, unit: str
+) -> ParityResult:
+    """The verdict of an F1 whose references are PyTorch fp32's own answers / entities: within F1_POINTS of 100,
+    with the figures recorded in the manifest."""
     threshold = 100.0 - F1_POINTS
-    figures = {
-        "entity_f1_vs_fp32": f1,
-        "sentence_agreement": prediction_agreement(reference, candidate),
-        "threshold": threshold,
-        "examples": len(indices),
-    }
-    message = f"entity F1 vs PyTorch fp32's entities {f1:.2f} on {len(indices)} texts (needs >= {threshold:g})"
+    figures = {f"{kind}_f1_vs_fp32": f1, **agreement, "threshold": threshold, "examples": examples}
+    message = f"{kind} F1 vs PyTorch fp32's {references} {f1:.2f} on {examples} {unit} (needs >= {threshold:g})"
     return ParityResult(f1 >= threshold, figures, message)
 
 

@@ -13,32 +13,42 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest, VariantSpec, dynamic_axes
 
+if TYPE_CHECKING:
+    from bert_model.config import BertConfig
+
 LABELS = ["negative", "positive"]
 MAX_SEQ_LENGTH = 128
+
+
+def _tiny_config(vocab_size: int, max_positions: int) -> BertConfig:
+    """2 layers, hidden 32, eager attention (exportable): the size of every tiny load-test model."""
+    from bert_model.config import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=max_positions,
+        attn_implementation="eager",
+    )
 
 
 def build_tiny_classifier(out_dir: Path, name: str = "tiny-sst2") -> tuple[Path, Path]:
     """(checkpoint folder, bundle folder) of the same random tiny classifier."""
     import torch
 
-    from bert_model.config import BertConfig
     from bert_model.heads import BertForSequenceClassification
     from bert_model.tokenization import BertTokenizer
 
     torch.manual_seed(0)
     tokenizer = BertTokenizer.from_pretrained("minilm")
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=MAX_SEQ_LENGTH,
-        attn_implementation="eager",
-    ).with_labels(LABELS)
+    config = _tiny_config(tokenizer.vocab_size, MAX_SEQ_LENGTH).with_labels(LABELS)
     model = BertForSequenceClassification(config).eval()
     checkpoint = model.save_pretrained(out_dir / f"{name}-hf")
     tokenizer.save(checkpoint)
@@ -84,21 +94,12 @@ def build_tiny_qa_checkpoint(out_dir: Path, name: str = "tiny-squad-hf") -> Path
     """A Hugging Face checkpoint folder of a random tiny extractive-QA model (same size as the classifier)."""
     import torch
 
-    from bert_model.config import BertConfig
     from bert_model.heads import BertForQuestionAnswering
     from bert_model.tokenization import BertTokenizer
 
     torch.manual_seed(0)
     tokenizer = BertTokenizer.from_pretrained("minilm")
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        attn_implementation="eager",
-    )
+    config = _tiny_config(tokenizer.vocab_size, 512)
     checkpoint = BertForQuestionAnswering(config).eval().save_pretrained(out_dir / name)
     tokenizer.save(checkpoint)
     return checkpoint
