@@ -143,7 +143,11 @@ def pretrain(
         str, typer.Option(help="Fresh position embeddings: normal (BERT) or sinusoidal (then learned).")
     ] = "normal",
     attention_init: Annotated[
-        str, typer.Option(help="Fresh attention: normal (BERT) or mimetic (W_k = W_q at the start).")
+        str,
+        typer.Option(
+            help="Fresh attention: normal (BERT), mimetic (W_k = W_q at the start) or local (layer 0 starts "
+            "reading the neighbouring tokens: leaves the masked-LM plateau far sooner)."
+        ),
     ] = "normal",
     mlm_bias_init: Annotated[
         str, typer.Option(help="Fresh MLM output bias: zero (BERT) or unigram (log token frequencies of the data).")

@@ -5,7 +5,9 @@ A fresh model takes its vocabulary size and [PAD] id from the data's tokenizer. 
 encoder; heads absent from it (MiniLM ships none) start fresh, and the MLM decoder stays tied to the word
 embeddings. In both cases the data's `max_seq_length` must fit the model's position embeddings, and the data's
 vocabulary must be the model's. A fresh model may start its (learned) position embeddings from sinusoids
-instead of noise (`position_init="sinusoidal"`, see `sinusoidal_positions_`).
+instead of noise (`position_init="sinusoidal"`, see `sinusoidal_positions_`), and its attention from W_k = W_q
+(`attention_init="mimetic"`) or with layer 0 reading the neighbouring tokens (`attention_init="local"`, see
+local_attention.py: the start that leaves the masked-LM plateau on a CPU budget).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import torch
 from bert_model.config import PRESETS, BertConfig
 from bert_model.heads import BertForPreTraining
 from bert_model.modeling import BertSelfAttention
+from bert_model.pretraining.local_attention import local_attention_
 from bert_model.pretraining.shards import DataMeta
 from bert_model.tokenization import BertTokenizer
 
 logger = logging.getLogger(__name__)
 
 POSITION_INITS = ("normal", "sinusoidal")
-ATTENTION_INITS = ("normal", "mimetic")
+ATTENTION_INITS = ("normal", "mimetic", "local")
 MIMETIC_SELF_LOGIT = 4.0
 """Attention logit that `mimetic_attention_` gives a token's query against its own key, on average."""
 
@@ -109,25 +112,12 @@ def build_model(
     token_counts: np.ndarray | None = None,
 ) -> BertForPreTraining:
     """A `BertForPreTraining` in train mode, fresh (`config`) or continued (`init`), checked against the data."""
-    if position_init not in POSITION_INITS:
-        raise ValueError(f"position_init must be one of {POSITION_INITS}, got {position_init!r}")
-    if attention_init not in ATTENTION_INITS:
-        raise ValueError(f"attention_init must be one of {ATTENTION_INITS}, got {attention_init!r}")
+    _check_starts(init, position_init, attention_init, token_counts)
     if init is not None:
-        if position_init != "normal" or attention_init != "normal" or token_counts is not None:
-            raise ValueError(
-                "position, attention and MLM-bias initialisations apply to models trained from scratch (--config), "
-                "not to --init"
-            )
         model = _continued(init, tokenizer)
     elif config is not None:
         model = BertForPreTraining(_with_dropout(resolve_config(config, tokenizer), dropout))
-        if position_init == "sinusoidal":
-            sinusoidal_positions_(model.bert.embeddings.position_embeddings.weight, model.config.initializer_range)
-        if attention_init == "mimetic":
-            mimetic_attention_(model)
-        if token_counts is not None:
-            unigram_mlm_bias_(model, token_counts, meta.special_ids.values())
+        _fresh_start_(model, meta, position_init, attention_init, token_counts)
     else:
         raise ValueError("give a config (preset or config.json) or an init checkpoint")
     if init is not None and dropout is not None:
@@ -135,6 +125,40 @@ def build_model(
     check_compatible(model.config, meta)
     model.train()
     return model
+
+
+def _check_starts(init: str | None, position_init: str, attention_init: str, token_counts: np.ndarray | None) -> None:
+    if position_init not in POSITION_INITS:
+        raise ValueError(f"position_init must be one of {POSITION_INITS}, got {position_init!r}")
+    if attention_init not in ATTENTION_INITS:
+        raise ValueError(f"attention_init must be one of {ATTENTION_INITS}, got {attention_init!r}")
+    if attention_init == "local" and position_init != "normal":
+        raise ValueError(
+            "attention_init 'local' lays out the position embeddings itself: leave position_init at 'normal'"
+        )
+    if init is not None and (position_init != "normal" or attention_init != "normal" or token_counts is not None):
+        raise ValueError(
+            "position, attention and MLM-bias initialisations apply to models trained from scratch (--config), "
+            "not to --init"
+        )
+
+
+def _fresh_start_(
+    model: BertForPreTraining,
+    meta: DataMeta,
+    position_init: str,
+    attention_init: str,
+    token_counts: np.ndarray | None,
+) -> None:
+    """Apply the chosen starts to a freshly built model (BERT's initialisation where none is chosen)."""
+    if position_init == "sinusoidal":
+        sinusoidal_positions_(model.bert.embeddings.position_embeddings.weight, model.config.initializer_range)
+    if attention_init == "mimetic":
+        mimetic_attention_(model)
+    elif attention_init == "local":
+        local_attention_(model)
+    if token_counts is not None:
+        unigram_mlm_bias_(model, token_counts, meta.special_ids.values())
 
 
 def check_compatible(config: BertConfig, meta: DataMeta) -> None:

@@ -71,7 +71,8 @@ class TrainingArgs:
     """Start of a fresh model's learned position embeddings: normal (BERT's N(0, 0.02)) or sinusoidal
     (Vaswani et al. 2017, scaled to the same 0.02 RMS)."""
     attention_init: str = "normal"
-    """Start of a fresh model's attention: normal (BERT) or mimetic (W_k = W_q, Trockman & Kolter 2023)."""
+    """Start of a fresh model's attention: normal (BERT), mimetic (W_k = W_q, Trockman & Kolter 2023) or local
+    (layer 0's first heads read the tokens at offsets -1, +1, -2, +2; positions in their own subspace)."""
     mlm_bias_init: str = "zero"
     """Start of a fresh model's MLM decoder bias: zero (BERT) or unigram (log frequencies of the training text)."""
     resume: bool = False
