@@ -18,13 +18,14 @@ What: only the starting weights change; the architecture is BERT's and the check
 2. In layer 0, head h of the first four starts with W_q projecting onto those dimensions and W_k = R(o_h) W_q,
    where R(o) rotates each frequency's (sin, cos) pair by o positions: the logit q_i . k_j is
    sum_f cos(w_f (i + o_h - j)), largest at j = i + o_h. The heads attend to the tokens at offsets -1, +1, -2, +2
-   (99% of their weight at the start); their values, output projection and every other weight keep BERT's
-   initialisation, and all of it is trained.
+   (more than 99.9% of their weight on real text at the start); their values, output projection and every
+   other weight keep BERT's initialisation, and all of it is trained.
 
 This is in the spirit of Trockman & Kolter (2023, "Mimetic Initialization of Self-Attention Layers"), whose
 W_k = W_q start (`--attention-init mimetic`) makes heads attend to similar tokens, and of the fixed local
 attention heads that trained models show (Clark et al. 2019, "What Does BERT Look At?": previous / next-token
-heads). Measured in the README: the same 8-minute probe goes from 13.0% held-out MLM accuracy to 22.6%.
+heads). Measured in the README: an 8-minute `mini` probe goes from 13.0% held-out MLM accuracy to 22.6%, and
+the 28-minute acceptance run (`make pretrain-demo`) from MLM 16.3% / NSP 77.5% to 30.2% / 80.6%.
 """
 
 from __future__ import annotations
