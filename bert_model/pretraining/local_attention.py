@@ -5,8 +5,8 @@ distribution, and it leaves it only once attention has found the neighbouring to
 masked LM's signal is. On this project's CPU budget (`mini`, 30 minutes on 2 cores) it never left it: after 28
 minutes every head of every layer still spread its attention evenly (about 1% on each of ~100 positions) and
 masked positions were predicted at the unigram rate. A synthetic corpus whose tokens are determined by their
-neighbours left the plateau in 300 steps, so the pipeline learns; real text's weak neighbour signal is what makes
-the chicken-and-egg (values carry no useful content until attention is focused, attention gets no gradient
+neighbours left the plateau within 400 steps, so the pipeline learns; real text's weak neighbour signal is what
+makes the chicken-and-egg (values carry no useful content until attention is focused, attention gets no gradient
 towards neighbours until values carry content) slow.
 
 What: only the starting weights change; the architecture is BERT's and the checkpoint loads in Hugging Face.
@@ -40,7 +40,7 @@ from bert_model.modeling import BertLayer
 LOCAL_OFFSETS = (-1, 1, -2, 2)
 """Relative positions that the first heads of layer 0 start attending to (previous, next, two back, two ahead)."""
 HIGHEST_FREQUENCY = 2.8
-"""Radians per position of the fastest sinusoid: below pi, so that position i and i + 1 differ in sign pattern."""
+"""Radians per position of the fastest sinusoid: below pi (one sample per position), so that it does not alias."""
 LOWEST_FREQUENCY = 0.05
 """Radians per position of the slowest sinusoid: one period over about 126 positions."""
 POSITION_SHARE = 1 / 3
