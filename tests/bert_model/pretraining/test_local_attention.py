@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -10,26 +9,17 @@ import torch
 
 from bert_model.config import BertConfig
 from bert_model.heads import BertForPreTraining
-from bert_model.pretraining.dataset import InstanceStream, collate
 from bert_model.pretraining.local_attention import LOCAL_OFFSETS, local_attention_
 from bert_model.pretraining.model_setup import build_model
 from bert_model.pretraining.shards import DataMeta
 from bert_model.tokenization import BertTokenizer
+from tests.bert_model.pretraining.attention_probe import layer0_attention_logits, real_batch
 
 
 def _layer0_attention(model: BertForPreTraining, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(B, heads, S, S) attention probabilities of layer 0 (padding masked), computed from its own weights."""
-    config = model.config
-    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
-    with torch.no_grad():
-        hidden = model.bert.embeddings(batch["input_ids"], batch["token_type_ids"])
-        attention = model.bert.encoder.layer[0].attention.self
-        rows, width = hidden.shape[:2]
-        q = attention.query(hidden).view(rows, width, heads, head_dim).transpose(1, 2)
-        k = attention.key(hidden).view(rows, width, heads, head_dim).transpose(1, 2)
-        logits = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
-        padding = batch["attention_mask"][:, None, None, :] == 0
-        return logits.masked_fill(padding, float("-inf")).softmax(-1)
+    """(B, heads, S, S) attention probabilities of layer 0, padding masked."""
+    padding = batch["attention_mask"][:, None, None, :] == 0
+    return layer0_attention_logits(model, batch).masked_fill(padding, float("-inf")).softmax(-1)
 
 
 def _weight_on_offsets(probabilities: torch.Tensor, lengths: torch.Tensor) -> list[float]:
@@ -46,11 +36,6 @@ def _weight_on_offsets(probabilities: torch.Tensor, lengths: torch.Tensor) -> li
     return shares
 
 
-def _real_batch(data_folder: Path, meta: DataMeta, tokenizer: BertTokenizer) -> dict[str, torch.Tensor]:
-    instances = InstanceStream(data_folder, meta, "train", seed=0).take(4)
-    return {k: torch.from_numpy(v) for k, v in collate(instances, tokenizer.pad_id).items()}
-
-
 def test_mini_starts_with_heads_on_the_neighbouring_tokens(data_folder: Path, tmp_path: Path) -> None:
     meta, tokenizer = DataMeta.load(data_folder), BertTokenizer.from_pretrained(data_folder / "tokenizer")
     config = BertConfig.preset("mini", vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
@@ -59,7 +44,7 @@ def test_mini_starts_with_heads_on_the_neighbouring_tokens(data_folder: Path, tm
     model = build_model(meta, tokenizer, config=str(mini), attention_init="local").eval()
     torch.manual_seed(0)
     plain = build_model(meta, tokenizer, config=str(mini)).eval()
-    batch = _real_batch(data_folder, meta, tokenizer)
+    batch = real_batch(data_folder, meta, tokenizer, 4)
     lengths = batch["attention_mask"].sum(1)
     local_shares = _weight_on_offsets(_layer0_attention(model, batch), lengths)
     plain_shares = _weight_on_offsets(_layer0_attention(plain, batch), lengths)
@@ -83,7 +68,7 @@ def test_mini_starts_with_heads_on_the_neighbouring_tokens(data_folder: Path, tm
 def test_local_start_on_a_small_model_and_its_refusals(data_folder: Path, tiny_config: Path) -> None:
     meta, tokenizer = DataMeta.load(data_folder), BertTokenizer.from_pretrained(data_folder / "tokenizer")
     model = build_model(meta, tokenizer, config=str(tiny_config), attention_init="local").eval()
-    batch = _real_batch(data_folder, meta, tokenizer)
+    batch = real_batch(data_folder, meta, tokenizer, 4)
     lengths = batch["attention_mask"].sum(1)
     shares = _weight_on_offsets(_layer0_attention(model, batch), lengths)
     # 4 frequencies per head (8 dimensions) instead of 32: a softer peak, still far above an even spread

@@ -19,6 +19,7 @@ from bert_model.pretraining.shards import DataMeta
 from bert_model.pretraining.trainer import pretrain
 from bert_model.pretraining.training_args import TrainingArgs
 from bert_model.tokenization import BertTokenizer
+from tests.bert_model.pretraining.attention_probe import layer0_attention_logits, real_batch
 
 
 def _args(data: Path, out: Path, config_file: Path | None, **overrides: object) -> TrainingArgs:
@@ -305,23 +306,12 @@ def test_mimetic_attention_init_starts_attention_on_similar_tokens(data_folder: 
     meta, tokenizer = DataMeta.load(data_folder), BertTokenizer.from_pretrained(data_folder / "tokenizer")
     model = build_model(meta, tokenizer, config=str(tiny_config), attention_init="mimetic").eval()
     plain = build_model(meta, tokenizer, config=str(tiny_config)).eval()
-    config = model.config
-    heads, head_dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
-
-    def self_logits(bert_model: BertForPreTraining) -> torch.Tensor:
-        """(heads, S, S) attention logits of layer 0 on one real instance."""
-        instance = InstanceStream(data_folder, meta, "train", seed=0).take(1)
-        batch = {k: torch.from_numpy(v) for k, v in collate(instance, tokenizer.pad_id).items()}
-        with torch.no_grad():
-            hidden = bert_model.bert.embeddings(batch["input_ids"], batch["token_type_ids"])[0]
-            attention = bert_model.bert.encoder.layer[0].attention.self
-            q = attention.query(hidden).view(-1, heads, head_dim).transpose(0, 1)
-            k = attention.key(hidden).view(-1, heads, head_dim).transpose(0, 1)
-        return q @ k.transpose(1, 2) / math.sqrt(head_dim)
+    one_instance = real_batch(data_folder, meta, tokenizer, 1)  # (heads, S, S) logits of layer 0 below
 
     for layer in model.bert.encoder.layer:  # W_k = W_q in every layer, values untouched
         assert torch.equal(layer.attention.self.key.weight, layer.attention.self.query.weight)
-    logits, baseline = self_logits(model), self_logits(plain)
+    logits = layer0_attention_logits(model, one_instance)[0]
+    baseline = layer0_attention_logits(plain, one_instance)[0]
     diagonal = logits.diagonal(dim1=1, dim2=2)
     off_diagonal = logits.sum((1, 2)) - diagonal.sum(1)
     # every token's logit against itself is near the target and well above its mean logit against others
