@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -175,15 +175,6 @@ def trainable_parameter_count(model: nn.Module) -> int:
 
 
 # ---- composite folders ----------------------------------------------------------------------------------
-@dataclass
-class CompositeInfo:
-    """The `bertserve` entry of a composite's config.json."""
-
-    base_model: str
-    adapter: dict[str, Any] = field(default_factory=dict)
-    dtype: str = "float16"
-
-
 def save_composite(
     model: nn.Module,
     folder: str | Path,

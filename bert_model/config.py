@@ -129,7 +129,7 @@ class BertConfig:
 
     @property
     def num_labels(self) -> int:
-        return max(len(self.id2label), 0)
+        return len(self.id2label)
 
     @property
     def label2id(self) -> dict[str, int]:

@@ -14,13 +14,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Literal
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
-OptimizerName = Literal["adamw", "lamb"]
 OPTIMIZERS: tuple[str, ...] = ("adamw", "lamb")
 
 

@@ -38,7 +38,6 @@ from bert_model.pretraining.masking import MaskedSequence
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 TOKENIZER_DIR = "tokenizer"
-SPLITS = ("train", "eval")
 
 
 @dataclass
