@@ -33,7 +33,8 @@ from export.canonicalize import canonicalize
 from export.graph import export_onnx, fuse_bert, fused_op_counts
 from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, judge_fp32, max_abs_diff
 from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard, served_task_settings
-from export.variants import CPU_PREFERENCE, DEFAULT_VARIANTS, OPENVINO_PROVIDER, RECIPES, Sources, parse_variants
+from export.variant_names import CPU_PREFERENCE, DEFAULT_VARIANTS
+from export.variants import OPENVINO_PROVIDER, RECIPES, Sources, parse_variants
 from export.wrapper import encoder_of, labels_of, load_task_model
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ def build_bundle(
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         manifest, refused = _build_into(scratch, model, task, folder, tokenizer, max_len, opts, target.name)
+        _make_readable(scratch)
         _replace_dir(scratch, target)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -281,6 +283,14 @@ def _source_info(
         "fused_ops": fused_counts,
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
     }
+
+
+def _make_readable(folder: Path) -> None:
+    """Folders 0755, files 0644: `mkdtemp` creates 0700, and a server running as another user (the container's
+    non-root uid) must read the bundle."""
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _replace_dir(scratch: Path, target: Path) -> None:

@@ -112,9 +112,6 @@ RECIPES: dict[str, Recipe] = {
         Recipe("openvino-bf16", OPENVINO_PROVIDER, "bf16", "cpu", _copy_raw, (("INFERENCE_PRECISION_HINT", "bf16"),)),
     )
 }
-DEFAULT_VARIANTS: tuple[str, ...] = ("cpu-fp32", "cpu-int8", "gpu-fp16", "openvino-int8", "openvino-bf16")
-CPU_PREFERENCE: tuple[str, ...] = ("openvino-int8", "openvino-bf16", "cpu-int8", "cpu-fp32")
-"""Which written variant the manifest names as the CPU default: the first present (fastest measured first)."""
 
 
 def parse_variants(names: str | list[str] | tuple[str, ...]) -> list[str]:

@@ -43,6 +43,15 @@ def test_bundle_holds_manifest_tokenizer_and_variants(tiny_bundle: Path) -> None
     assert not leftovers(tiny_bundle.parent) or all(not n.startswith(".") for n in leftovers(tiny_bundle.parent))
 
 
+def test_bundle_is_readable_by_other_users(tiny_bundle: Path) -> None:
+    """The serving container runs as another uid than the one that exported: folders 0755, files 0644."""
+    paths = [tiny_bundle, *tiny_bundle.rglob("*")]
+    assert any(p.is_file() for p in paths) and any(p.is_dir() for p in paths[1:])
+    for path in paths:
+        expected = 0o755 if path.is_dir() else 0o644
+        assert path.stat().st_mode & 0o777 == expected, f"{path}: {oct(path.stat().st_mode & 0o777)}"
+
+
 def test_gpu_fp16_graph_is_checked_and_runs_on_cpu(tiny_bundle: Path) -> None:
     import onnx
 

@@ -1,0 +1,82 @@
+"""Import every module an image's entrypoints can import, with torch and onnx made unimportable.
+
+    python docker/import_check.py api        # `bertserve serve`, `python -m service.healthcheck`
+    python docker/import_check.py loadtest   # `bertserve loadtest` and the locust users it starts
+
+The images run this at build time, so a dependency missing from the serving image fails the build, not the
+container at its first request; tests/test_image_imports.py runs it on the development venv. The whole
+`service` package is imported (its modules import one another lazily, e.g. the gRPC front door in the
+lifespan), not only the entry modules. Exit status 1 names the module that failed and why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+import traceback
+
+BLOCKED = ("torch", "onnx")
+"""Training-only packages: the serving and load-test images do not have them."""
+
+SKIPPED = {
+    "service.bench": "a development benchmark (make bench-service) that needs the dev extra's httpx",
+    "loadtests.naive_server": "the naive peer serves through transformers and torch on the host only",
+}
+
+ENTRYPOINTS = {
+    "api": ("service", "proto.gen.bert.v1.bert_pb2", "proto.gen.bert.v1.bert_pb2_grpc"),
+    "loadtest": ("loadtests", "proto.gen.bert.v1.bert_pb2", "proto.gen.bert.v1.bert_pb2_grpc"),
+}
+
+
+def modules_of(name: str) -> list[str]:
+    """`name` itself and, for a package, every module below it (except SKIPPED)."""
+    module = importlib.import_module(name)
+    found = [name]
+    if hasattr(module, "__path__"):
+        for info in pkgutil.walk_packages(module.__path__, prefix=f"{name}."):
+            if info.name not in SKIPPED:
+                found.append(info.name)
+    return found
+
+
+def check(image: str) -> list[str]:
+    """Import the `bertserve` command (every subcommand registered) and the image's modules; the failures."""
+    for blocked in BLOCKED:
+        sys.modules[blocked] = None  # type: ignore[assignment]  # `import torch` now raises ImportError
+    failures: list[str] = []
+    try:
+        from bertserve.cli import build_app
+
+        build_app()
+    except Exception:
+        failures.append(f"bertserve.cli (build_app):\n{traceback.format_exc()}")
+    for entry in ENTRYPOINTS[image]:
+        try:
+            names = modules_of(entry)
+        except Exception:
+            failures.append(f"{entry}:\n{traceback.format_exc()}")
+            continue
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                failures.append(f"{name}:\n{traceback.format_exc()}")
+    return failures
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[1] not in ENTRYPOINTS:
+        print(f"usage: python docker/import_check.py {{{','.join(ENTRYPOINTS)}}}", file=sys.stderr)
+        return 2
+    failures = check(argv[1])
+    for failure in failures:
+        print(f"import check ({argv[1]} image, without {' and '.join(BLOCKED)}) failed: {failure}", file=sys.stderr)
+    if not failures:
+        print(f"import check ({argv[1]} image): every entrypoint module imports without {' and '.join(BLOCKED)}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

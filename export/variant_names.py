@@ -1,0 +1,13 @@
+"""The names of the precision variants a bundle can hold, importable without onnx.
+
+`bertserve` composes every stage's subcommands, so the export command's defaults are read in the torch-free,
+onnx-free serving image too; how each variant is built lives in variants.py.
+"""
+
+from __future__ import annotations
+
+DEFAULT_VARIANTS: tuple[str, ...] = ("cpu-fp32", "cpu-int8", "gpu-fp16", "openvino-int8", "openvino-bf16")
+"""What `bertserve export` writes when no `--variants` is given."""
+
+CPU_PREFERENCE: tuple[str, ...] = ("openvino-int8", "openvino-bf16", "cpu-int8", "cpu-fp32")
+"""Which written variant the manifest names as the CPU default: the first present (fastest measured first)."""

@@ -1,0 +1,35 @@
+"""The images' build-time import check, run on the development venv: every module that `bertserve serve`,
+`python -m service.healthcheck` and `bertserve loadtest` can import loads with torch and onnx unimportable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.service.server import REPO
+
+CHECK = REPO / "docker" / "import_check.py"
+
+
+@pytest.mark.parametrize("image", ["api", "loadtest"])
+def test_entrypoints_import_without_torch_and_onnx(image: str) -> None:
+    result = subprocess.run([sys.executable, str(CHECK), image], capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "every entrypoint module imports" in result.stdout
+
+
+def test_the_check_fails_on_a_module_that_needs_onnx(tmp_path) -> None:
+    """A package that imports onnx at module level is reported (the defect the check exists for)."""
+    package = tmp_path / "service"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "needs_onnx.py").write_text("import onnx\n")
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); sys.path.insert(1, {str(REPO)!r}); "
+        f"sys.argv = ['import_check', 'api']; exec(open({str(CHECK)!r}).read())"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=180)
+    assert result.returncode == 1
+    assert "service.needs_onnx" in result.stderr and "onnx" in result.stderr
