@@ -30,11 +30,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from bert_model.config import BertConfig
+from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
+from bert_model.weights import read_state_dict
 
 ADAPTER_FILE = "adapter.safetensors"
-META_KEY = "bertserve"
 DELTA_PREFIX = "delta."
 LORA_SUFFIXES = (".lora_A", ".lora_B")
 HEAD_MODULES = ("classifier", "qa_outputs")
@@ -235,8 +235,6 @@ def load_composite_state(folder: str | Path, config: BertConfig) -> dict[str, to
         raise ValueError(f"{source}/config.json has no {META_KEY}.base_model: it is not a composite folder")
     base_folder = _base_folder(source, str(base_name))
     _check_base_config(base_folder, config, source)
-    from bert_model.checkpoint import read_state_dict  # local import: checkpoint imports this module lazily
-
     state = {_bare(k): v.float() for k, v in read_state_dict(base_folder).items()}
     adapter = (meta.get("adapter") or {}).get("file", ADAPTER_FILE)
     stored = _read_adapter(source / adapter)

@@ -2,26 +2,26 @@
 `transformers` loads back.
 
 The contract is the Hugging Face parameter naming (`bert.encoder.layer.0.attention.self.query.weight`,
-`cls.predictions.*`, `cls.seq_relationship.*`, `classifier.*`, `qa_outputs.*`). Weights are read from
-`model.safetensors` (or a sharded index), or from `pytorch_model.bin` with `torch.load(weights_only=True)`:
-never a full pickle. Every copy is shape-checked; missing and unexpected keys are reported by name.
+`cls.predictions.*`, `cls.seq_relationship.*`, `classifier.*`, `qa_outputs.*`). Tensors are read by
+`bert_model.weights` (safetensors, or weights-only `pytorch_model.bin`), those of a composite folder rebuilt by
+`bert_model.adapters`. Every copy is shape-checked; missing and unexpected keys are reported by name.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from bert_model.config import BertConfig
+from bert_model.adapters import load_composite_state
+from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
+from bert_model.weights import read_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +29,6 @@ BASE_PREFIX = "bert."
 _BASE_TOP_LEVEL = ("embeddings.", "encoder.", "pooler.")
 # Keys that old checkpoints carry but that are buffers or tied copies here.
 _DROPPED_KEYS = ("embeddings.position_ids", "bert.embeddings.position_ids")
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
 
 
 @dataclass
@@ -46,37 +40,6 @@ class LoadReport:
     """Head parameters absent from the checkpoint, left freshly initialised (expected for a new head)."""
     unexpected_keys: list[str] = field(default_factory=list)
     """Checkpoint keys this model has no use for (e.g. the MLM head when loading a classifier)."""
-
-
-def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of the checkpoint in `folder` (safetensors preferred, sharded indexes supported)."""
-    for name in WEIGHT_FILES:
-        path = folder / name
-        if path.is_file():
-            break
-    else:
-        raise FileNotFoundError(f"no weights in {folder}: expected one of {', '.join(WEIGHT_FILES)}")
-    if name.endswith(".index.json"):
-        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
-        state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(_read_file(folder / shard))
-        return state
-    return _read_file(path)
-
-
-def _read_file(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        return load_file(str(path))
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise ValueError(
-            f"{path} holds more than tensors and is refused (only weights_only loading is allowed): {error}"
-        ) from error
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path} does not hold a state dict (got {type(loaded).__name__})")
-    return loaded
 
 
 def normalize_keys(state: dict[str, torch.Tensor], has_base_prefix: bool) -> dict[str, torch.Tensor]:
@@ -198,10 +161,8 @@ class PreTrainedMixin:
 
 def load_checkpoint_state(folder: Path, config: BertConfig) -> dict[str, torch.Tensor]:
     """Full weights of a folder: a plain checkpoint, or a base model + adapter + head composite."""
-    composite = config.extra.get("bertserve", {})
+    composite = config.extra.get(META_KEY, {})
     if isinstance(composite, dict) and composite.get("base_model"):
-        from bert_model.adapters import load_composite_state  # local import: only composites need it
-
         return load_composite_state(folder, config)
     return read_state_dict(folder)
 

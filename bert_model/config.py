@@ -14,6 +14,10 @@ from typing import Any
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "tanh")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+META_KEY = "bertserve"
+"""Key of config.json under which this project stores its own metadata (kept in `BertConfig.extra`): the task
+settings of a fine-tuned model (`task`), and the base model and adapter of a composite folder (`base_model`,
+`adapter`)."""
 
 # Keys of a Hugging Face config.json that carry no meaning for our model and are dropped on read.
 _IGNORED_HF_KEYS = {

@@ -1,28 +1,6 @@
-"""Turn user mistakes into a one-line error and exit status 2, instead of a traceback."""
+"""The command line's error helper, for the adapters above `bert_model` (service, load tests): defined in
+`bert_model.cli_errors`, which the model's and export's commands import directly."""
 
-from __future__ import annotations
+from bert_model.cli_errors import USER_ERRORS, exit_on_user_error
 
-import json
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import typer
-
-USER_ERRORS = (
-    ValueError,
-    TypeError,
-    FileNotFoundError,
-    NotADirectoryError,
-    PermissionError,
-    json.JSONDecodeError,
-)
-
-
-@contextmanager
-def exit_on_user_error() -> Iterator[None]:
-    """Print `error: <message>` to stderr and exit 2 on a user-triggerable error."""
-    try:
-        yield
-    except USER_ERRORS as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(code=2) from error
+__all__ = ["USER_ERRORS", "exit_on_user_error"]

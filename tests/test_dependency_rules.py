@@ -1,15 +1,25 @@
-"""The architecture's dependency rules, checked: the torch-free modules never import torch, and bert_model
-imports nothing else of ours."""
+"""The architecture's dependency rules, checked: the torch-free modules never import torch, bert_model imports
+nothing else of ours, export imports only bert_model, and the modules of bert_model import each other without
+cycles. Every file counts, command-line adapters included, and so does every import, also one inside a function
+body."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TORCH_FREE = ["bert_model", "bert_model.config", "bert_model.registry", "bert_model.tokenization"]
+TORCH_FREE = [
+    "bert_model",
+    "bert_model.cli_errors",
+    "bert_model.config",
+    "bert_model.registry",
+    "bert_model.tokenization",
+    "bertserve.errors",
+]
 
 
 def torch_free_modules() -> list[str]:
@@ -24,18 +34,19 @@ def test_torch_free_modules_import_without_torch() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def imported_modules(path: Path) -> Iterator[str]:
+    """Every module named by an absolute import in `path`, at any depth (lazy imports in functions too)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)  # `from package import module`
+
+
 def imported_top_levels(package: str) -> set[str]:
-    """Top-level packages imported by `package`, except its `cli.py` adapters (see below)."""
-    names: set[str] = set()
-    for path in (REPO / package).rglob("*.py"):
-        if path.name == "cli.py":
-            continue  # a stage's CLI adapter belongs to the `bertserve` command and may use bertserve.errors
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
-    return names
+    """Top-level packages imported by the files of `package`."""
+    return {name.split(".")[0] for path in (REPO / package).rglob("*.py") for name in imported_modules(path)}
 
 
 OURS = {"bert_model", "export", "service", "loadtests", "bertserve", "proto"}
@@ -49,13 +60,62 @@ def test_export_imports_only_bert_model() -> None:
     assert imported_top_levels("export") & OURS <= {"export", "bert_model"}
 
 
-def test_cli_adapters_import_only_the_error_helper_of_bertserve() -> None:
-    for path in REPO.glob("*/**/cli.py"):
-        if path.parts[-2] == "bertserve" or ".venv" in path.parts:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bertserve"):
-                assert node.module == "bertserve.errors", f"{path} imports {node.module}"
+def test_stage_cli_adapters_import_only_the_error_helper_of_bertserve() -> None:
+    """The service's and the load tests' adapters may take `exit_on_user_error` from `bertserve.errors`;
+    nothing else of the package that composes the stages."""
+    for package in ("service", "loadtests"):
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("bertserve"):
+                    assert node.module == "bertserve.errors", f"{path} imports {node.module}"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (module-level and lazy imports alike)."""
+    files = {module_name(path): path for path in (REPO / package).rglob("*.py")}
+    return {name: {m for m in imported_modules(path) if m in files and m != name} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` as [a, b, ..., a], or None (depth-first search, three colours)."""
+    done: set[str] = set()
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        if node in stack:
+            return [*stack[stack.index(node) :], node]
+        if node in done:
+            return None
+        stack.append(node)
+        for target in sorted(graph[node]):
+            cycle = visit(target)
+            if cycle:
+                return cycle
+        stack.pop()
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        cycle = visit(start)
+        if cycle:
+            return cycle
+    return None
+
+
+def test_bert_model_modules_import_each_other_without_cycles() -> None:
+    graph = import_graph("bert_model")
+    assert "bert_model.weights" in graph["bert_model.checkpoint"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_a_lazy_import_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
 def bert_model_modules_imported_by(package: str) -> set[str]:

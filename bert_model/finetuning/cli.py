@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from bertserve.errors import exit_on_user_error
+from bert_model.cli_errors import exit_on_user_error
 
 Model = Annotated[str, typer.Option(help="Model to start from: a checkpoint folder or built-in name.")]
 Train = Annotated[str, typer.Option(help="Training data file.")]

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from bertserve.errors import exit_on_user_error
+from bert_model.cli_errors import exit_on_user_error
 
 CorpusArg = Annotated[list[Path], typer.Argument(help="Plain-text corpus files (blank lines between documents).")]
 FormatOpt = Annotated[

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from bert_model.checkpoint import read_state_dict
 from bert_model.heads import BertForPreTraining
 from bert_model.pretraining.dataset import StreamState
 from bert_model.pretraining.distributed import DistContext, barrier
+from bert_model.weights import read_state_dict
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "trainer_state.pt"

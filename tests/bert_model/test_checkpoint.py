@@ -11,11 +11,11 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from bert_model.checkpoint import read_state_dict
 from bert_model.config import BertConfig
 from bert_model.heads import BertForPreTraining, BertForSequenceClassification, BertForTokenClassification
 from bert_model.modeling import BertModel
 from bert_model.registry import minilm_path, resolve_model_path
+from bert_model.weights import read_state_dict
 
 TINY = BertConfig(
     vocab_size=99,

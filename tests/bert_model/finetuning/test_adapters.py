@@ -15,10 +15,10 @@ from bert_model.adapters import (
     save_composite,
     trainable_parameter_count,
 )
-from bert_model.checkpoint import read_state_dict
 from bert_model.config import BertConfig
 from bert_model.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from bert_model.modeling import BertModel
+from bert_model.weights import read_state_dict
 
 TINY = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
 

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from bert_model.checkpoint import read_state_dict
 from bert_model.finetuning.options import ClassifyOptions, FinetuneRun, NEROptions, QAOptions, TrainingOptions
 from bert_model.finetuning.run import evaluate_model, finetune, make_recipe
 from bert_model.heads import BertForSequenceClassification
 from bert_model.tokenization import BertTokenizer
+from bert_model.weights import read_state_dict
 
 CASES = {
     "classify": ("sentiment_files", ClassifyOptions(max_seq_length=32, label_map={"0": "negative", "1": "positive"})),
