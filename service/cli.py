@@ -1,115 +1,42 @@
-"""`bertserve serve`: REST + gRPC over one batched engine. Every option is also an env var BERTSERVE_<NAME>;
-a few rarely changed settings (max_text_chars, shutdown_grace_s, backend_wait_s, ...) are env-only.
+"""`bertserve serve`: REST + gRPC over one batched engine. Imports no torch.
 
-Options given on the command line win over environment variables, which win over defaults
-(`service.settings.ServiceSettings`). Imports no torch.
+Every field of `service.settings.ServiceSettings` is an option, built from the field itself: its name
+(`max_queue` -> `--max-queue`), its description (the help), its default (shown in the help). So the options
+cannot drift from the settings. Options given on the command line win over environment variables
+(`BERTSERVE_<NAME>`), which win over the defaults: an option left out passes nothing, so pydantic-settings
+reads the environment and the defaults itself.
 """
 
 from __future__ import annotations
 
+import inspect
+import types
+import typing
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
+from pydantic.fields import FieldInfo
 
 from bertserve.errors import exit_on_user_error
 from service.settings import ServiceSettings
+
+SWITCHES = {
+    "batching": ("--batching", "--no-batching"),
+    "truncate": ("--truncate", "--reject-long"),
+    "log_json": ("--log-json", "--log-text"),
+}
+"""On/off names of boolean settings whose off switch reads better than `--no-<name>`."""
 
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
 
 
-def serve(
-    models: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated bundle folders, folders of bundles, or names under --bundles-dir. "
-            "[env BERTSERVE_MODELS; default minilm-sst2,minilm-squad,minilm-conll03]"
-        ),
-    ] = None,
-    bundles_dir: Annotated[
-        Path | None,
-        typer.Option(help="Where bundle names are looked up. [env BERTSERVE_BUNDLES_DIR; default artifacts/bundles]"),
-    ] = None,
-    backend: Annotated[
-        str | None, typer.Option(help="ort (ONNX Runtime in-process) or triton. [env BERTSERVE_BACKEND; default ort]")
-    ] = None,
-    host: Annotated[
-        str | None, typer.Option(help="Interface to listen on. [env BERTSERVE_HOST; default 0.0.0.0]")
-    ] = None,
-    http_port: Annotated[int | None, typer.Option(help="REST port. [env BERTSERVE_HTTP_PORT; default 8000]")] = None,
-    grpc_port: Annotated[
-        int | None, typer.Option(help="gRPC port, -1 = no gRPC. [env BERTSERVE_GRPC_PORT; default 50051]")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda (ORT). [env BERTSERVE_DEVICE]")] = None,
-    variant: Annotated[
-        str | None, typer.Option(help="Force a bundle variant, e.g. cpu-fp32. [env BERTSERVE_VARIANT]")
-    ] = None,
-    batching: Annotated[
-        bool | None,
-        typer.Option("--batching/--no-batching", help="Dynamic batching. [env BERTSERVE_BATCHING; default on]"),
-    ] = None,
-    max_batch_size: Annotated[
-        int | None, typer.Option(help="Sequences per backend call. [env BERTSERVE_MAX_BATCH_SIZE]")
-    ] = None,
-    max_batch_tokens: Annotated[
-        int | None, typer.Option(help="Padded tokens per backend call. [env BERTSERVE_MAX_BATCH_TOKENS]")
-    ] = None,
-    max_wait_ms: Annotated[
-        float | None, typer.Option(help="Longest wait to fill a batch. [env BERTSERVE_MAX_WAIT_MS]")
-    ] = None,
-    max_queue: Annotated[
-        int | None, typer.Option(help="Queued sequences per model before 429. [env BERTSERVE_MAX_QUEUE]")
-    ] = None,
-    request_timeout_s: Annotated[
-        float | None, typer.Option(help="Per-request deadline in seconds. [env BERTSERVE_REQUEST_TIMEOUT_S]")
-    ] = None,
-    truncate: Annotated[
-        bool | None,
-        typer.Option(
-            "--truncate/--reject-long", help="Default for over-long inputs. [env BERTSERVE_TRUNCATE; default truncate]"
-        ),
-    ] = None,
-    ort_intra_op_threads: Annotated[int | None, typer.Option(help="ORT intra-op threads, 0 = default.")] = None,
-    ort_inter_op_threads: Annotated[int | None, typer.Option(help="ORT inter-op threads, 0 = default.")] = None,
-    triton_url: Annotated[str | None, typer.Option(help="Triton gRPC host:port. [env BERTSERVE_TRITON_URL]")] = None,
-    api_key: Annotated[
-        str | None, typer.Option(help="Require `Authorization: Bearer KEY`. Prefer the env var BERTSERVE_API_KEY.")
-    ] = None,
-    log_level: Annotated[
-        str | None, typer.Option(help="debug, info, warning, error. [env BERTSERVE_LOG_LEVEL]")
-    ] = None,
-    max_inputs_per_request: Annotated[
-        int | None, typer.Option(help="Most texts per request. [env BERTSERVE_MAX_INPUTS_PER_REQUEST; default 64]")
-    ] = None,
-    max_body_bytes: Annotated[
-        int | None, typer.Option(help="Largest request body. [env BERTSERVE_MAX_BODY_BYTES; default 2000000]")
-    ] = None,
-    inference_threads: Annotated[
-        int | None, typer.Option(help="Threads running backend calls. [env BERTSERVE_INFERENCE_THREADS; default 1]")
-    ] = None,
-    max_concurrent_batches: Annotated[
-        int | None, typer.Option(help="Backend calls in flight per model. [env BERTSERVE_MAX_CONCURRENT_BATCHES]")
-    ] = None,
-    warmup_rounds: Annotated[
-        int | None, typer.Option(help="Warm-up passes per model before ready. [env BERTSERVE_WARMUP_ROUNDS]")
-    ] = None,
-    cors_origins: Annotated[
-        str | None, typer.Option(help="Comma-separated allowed CORS origins. [env BERTSERVE_CORS_ORIGINS]")
-    ] = None,
-    otlp_endpoint: Annotated[
-        str | None, typer.Option(help="OTLP/gRPC endpoint for traces. [env BERTSERVE_OTLP_ENDPOINT]")
-    ] = None,
-    log_json: Annotated[
-        bool | None,
-        typer.Option("--log-json/--log-text", help="JSON log lines or plain text. [env BERTSERVE_LOG_JSON]"),
-    ] = None,
-) -> None:
+def serve(**given: Any) -> None:
     """Serve REST (default :8000) and gRPC (default :50051) over one dynamically batched engine."""
-    given: dict[str, Any] = {name: value for name, value in locals().items() if value is not None}
     with exit_on_user_error():
-        settings = build_settings(given)
+        settings = build_settings({name: value for name, value in given.items() if value is not None})
     from service.runner import serve as run_server
 
     run_server(settings)
@@ -128,3 +55,68 @@ def build_settings(overrides: dict[str, Any]) -> ServiceSettings:
         raise ValueError(problems) from None
     find_bundles(settings.models, settings.bundles_dir)
     return settings
+
+
+# ---- options from the settings fields ------------------------------------------------------------------
+def option_parameter(name: str, field: FieldInfo) -> inspect.Parameter:
+    """The `serve` parameter of one setting: a typer option whose value is None unless it is given."""
+    kind = _option_type(field.annotation)
+    declaration = "/".join(_switches(name)) if kind is bool else f"--{name.replace('_', '-')}"
+    shown = shown_default(name, field)
+    option = typer.Option(None, declaration, help=option_help(name, field), show_default=shown or False)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind | None)
+
+
+def option_help(name: str, field: FieldInfo) -> str:
+    """The field's description, its choices or list syntax, and its environment variable."""
+    notes = [field.description or ""]
+    choices = _choices(field.annotation)
+    if choices:
+        notes.append(f"One of: {', '.join(choices)}.")
+    if _is_list(field.annotation):
+        notes.append("Comma-separated (or a JSON list).")
+    notes.append(f"(env BERTSERVE_{name.upper()})")
+    return " ".join(notes)
+
+
+def shown_default(name: str, field: FieldInfo) -> str | None:
+    """The default as the command line would give it (a switch's name for a bool); None for an unset one."""
+    value = field.get_default(call_default_factory=True)
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, bool):
+        on, off = _switches(name)
+        return (on if value else off).removeprefix("--")
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _switches(name: str) -> tuple[str, str]:
+    dashed = name.replace("_", "-")
+    return SWITCHES.get(name, (f"--{dashed}", f"--no-{dashed}"))
+
+
+def _option_type(annotation: Any) -> type:
+    """The click-facing type: optional, literal, list and secret settings are given as text."""
+    args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return _option_type(args[0])
+    if annotation in (bool, int, float, Path):
+        return annotation
+    return str
+
+
+def _choices(annotation: Any) -> tuple[str, ...]:
+    return tuple(map(str, typing.get_args(annotation))) if typing.get_origin(annotation) is typing.Literal else ()
+
+
+def _is_list(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is list or any(
+        typing.get_origin(arg) is list for arg in typing.get_args(annotation)
+    )
+
+
+serve.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [option_parameter(name, field) for name, field in ServiceSettings.model_fields.items()]
+)

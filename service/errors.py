@@ -30,6 +30,12 @@ class InvalidInput(ServiceError):
     code = "invalid_input"
 
 
+class InvalidJson(InvalidInput):
+    """The request body is not JSON at all (HTTP only: a gRPC message that does not parse is InvalidInput)."""
+
+    code = "invalid_json"
+
+
 class InputTooLong(InvalidInput):
     """An input exceeds the model's length and truncation is off."""
 
@@ -88,6 +94,7 @@ class BackendError(ServiceError):
 # unless listed itself.
 HTTP_STATUS: dict[type[ServiceError], int] = {
     InvalidInput: 422,
+    InvalidJson: 400,
     PayloadTooLarge: 413,
     Unauthenticated: 401,
     Overloaded: 429,
@@ -100,6 +107,7 @@ HTTP_STATUS: dict[type[ServiceError], int] = {
 
 GRPC_STATUS: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,

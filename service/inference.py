@@ -9,6 +9,7 @@ returns the results and where the time went (`Timings`, sent back as headers / t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -66,6 +67,14 @@ class Outcome:
     model: str
     results: list[Any]
     timings: Timings
+
+    def headers(self) -> dict[str, str]:
+        """The response headers (HTTP) / trailing metadata (gRPC): the model and the timings."""
+        return {"x-model": self.model, **self.timings.headers()}
+
+
+RESPONSE_HEADERS = tuple(Outcome(model="", results=[], timings=Timings()).headers())
+"""The names of the headers every task response carries (CORS exposes them to browsers)."""
 
 
 @dataclass
@@ -135,9 +144,16 @@ class InferenceService:
         self.metrics.ready.set(1)
 
     async def _start_model(self, bundle: ServingBundle) -> LoadedModel:
+        pipeline = make_pipeline(bundle)  # checks the manifest before a backend holds sessions or threads
         backend = self._make_backend(bundle)
         await self._start_backend(backend, bundle.name)
-        pipeline = make_pipeline(bundle)
+        try:
+            return await self._start_batcher(bundle, pipeline, backend)
+        except BaseException:
+            await backend.close()
+            raise
+
+    async def _start_batcher(self, bundle: ServingBundle, pipeline: Pipeline, backend: Backend) -> LoadedModel:
         settings = self.settings
         config = BatchConfig(
             max_batch_size=settings.effective_max_batch_size,
@@ -243,7 +259,7 @@ class InferenceService:
     ) -> Outcome:
         self._check_texts(request.texts, "texts")
         if request.pairs is not None:
-            self._check_texts(request.pairs, "text_pair", allow_empty=False)
+            self._check_texts(request.pairs, "text_pair")
         if request.top_k is not None and request.top_k < 1:
             raise InvalidInput(f"top_k must be at least 1 (or null for all labels), got {request.top_k}")
         return await self._run(self.model_for("classify", model), request, timeout_s, route="classify")
@@ -268,7 +284,7 @@ class InferenceService:
             )
         return await self._run(self.model_for("ner", model), request, timeout_s, route="ner")
 
-    def _check_texts(self, texts: list[str], name: str, *, allow_empty: bool = False, count: bool = True) -> None:
+    def _check_texts(self, texts: list[str], name: str, *, count: bool = True) -> None:
         limit = self.settings.max_inputs_per_request
         if not texts:
             raise InvalidInput(f"{name}: give at least one input")
@@ -277,7 +293,7 @@ class InferenceService:
         for index, text in enumerate(texts):
             if not isinstance(text, str):
                 raise InvalidInput(f"{name}[{index}] must be a string, got {type(text).__name__}")
-            if not allow_empty and not text.strip():
+            if not text.strip():
                 raise InvalidInput(f"{name}[{index}] is empty: send non-blank text")
             if len(text) > self.settings.max_text_chars:
                 raise InvalidInput(
@@ -287,6 +303,8 @@ class InferenceService:
 
     # ---- the common path --------------------------------------------------------------------------
     async def _run(self, model: LoadedModel, request: TaskInput, timeout_s: float | None, route: str) -> Outcome:
+        if request.truncate is None:
+            request = dataclasses.replace(request, truncate=self.settings.truncate)
         budget = (
             self.settings.request_timeout_s if timeout_s is None else min(timeout_s, self.settings.request_timeout_s)
         )
@@ -335,4 +353,4 @@ async def _off_loop_if_large(function: Callable[..., T], request: TaskInput, siz
     return await asyncio.to_thread(function, request, *args)
 
 
-__all__ = ["InferenceService", "LoadedModel", "Outcome", "ServiceError", "Timings"]
+__all__ = ["RESPONSE_HEADERS", "InferenceService", "LoadedModel", "Outcome", "ServiceError", "Timings"]

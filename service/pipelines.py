@@ -23,7 +23,7 @@ from bert_model.tasks.classification import build_classification_features, class
 from bert_model.tasks.features import Feature
 from bert_model.tasks.ner import build_ner_features, ner_postprocess
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
-from bert_model.tokenization import InputTooLongError
+from bert_model.tokenization import BertTokenizer, InputTooLongError
 from service.bundles import ServingBundle
 from service.errors import BackendError, InputTooLong, InvalidInput
 
@@ -34,13 +34,27 @@ QA_DEFAULT_MAX_ANSWER_LEN = 15
 NER_DEFAULT_STRIDE = 32
 
 
+# The task inputs both front doors build. Their defaults are the API's defaults (the REST schemas read them,
+# gRPC leaves unset fields to them). `truncate` None means the server's default: InferenceService fills in
+# `settings.truncate` before a pipeline sees it (a pipeline used on its own truncates).
+
+
 @dataclass
 class ClassifyInput:
     texts: list[str]
     pairs: list[str] | None = None
     top_k: int | None = 1
     """Labels per input (None = all)."""
-    truncate: bool = True
+    truncate: bool | None = None
+
+    @classmethod
+    def from_items(cls, items: Sequence[tuple[str, str | None]], **options: Any) -> ClassifyInput:
+        """From (text, text_pair or None) items, all single texts or all pairs; `options` are the other fields."""
+        paired = [pair is not None for _, pair in items]
+        if any(paired) and not all(paired):
+            raise InvalidInput("inputs mix single texts and text pairs; send one kind per request")
+        pairs = [pair or "" for _, pair in items] if any(paired) else None
+        return cls(texts=[text for text, _ in items], pairs=pairs, **options)
 
 
 @dataclass
@@ -52,14 +66,14 @@ class QAInput:
     """None: the model's (manifest task_settings), else QA_DEFAULT_MAX_ANSWER_LEN."""
     handle_impossible_answer: bool = False
     doc_stride: int | None = None
-    truncate: bool = True
+    truncate: bool | None = None
 
 
 @dataclass
 class NERInput:
     texts: list[str]
     aggregation_strategy: str = "simple"
-    truncate: bool = True
+    truncate: bool | None = None
 
 
 TaskInput = ClassifyInput | QAInput | NERInput
@@ -178,8 +192,8 @@ class Pipeline:
         raise NotImplementedError
 
 
-def _truncation(truncate: bool) -> str:
-    return "longest_first" if truncate else "none"
+def _truncation(truncate: bool | None) -> str:
+    return "none" if truncate is False else "longest_first"
 
 
 class ClassifyPipeline(Pipeline):
@@ -244,8 +258,9 @@ class QAPipeline(Pipeline):
             doc_stride=stride,
             max_query_length=self.max_question_tokens,
         )
-        if not request.truncate:
+        if request.truncate is False:
             _reject_windows(features, "context", self.max_seq_length)
+            _reject_long_questions(self.tokenizer, request.questions, self.windows.max_query_length)
         return list(features)
 
     def _postprocess(self, request: QAInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
@@ -281,7 +296,7 @@ class NERPipeline(Pipeline):
         features = build_ner_features(
             self.tokenizer, request.texts, max_seq_length=self.max_seq_length, stride=self.stride
         )
-        if not request.truncate:
+        if request.truncate is False:
             _reject_windows(features, "texts", self.max_seq_length)
         return list(features)
 
@@ -308,6 +323,16 @@ def _reject_windows(features: Sequence[Any], name: str, max_seq_length: int) -> 
             raise InputTooLong(
                 f"{name}[{feature.request_index}] does not fit in one window of {max_seq_length} tokens; "
                 "shorten it, or send truncate=true to process it in overlapping windows"
+            )
+
+
+def _reject_long_questions(tokenizer: BertTokenizer, questions: Sequence[str], limit: int) -> None:
+    """With truncate=false, a question over the model's question budget is refused (truncate=true cuts it)."""
+    for index, encoding in enumerate(tokenizer.backend.encode_batch(list(questions), add_special_tokens=False)):
+        if len(encoding.ids) > limit:
+            raise InputTooLong(
+                f"question[{index}] has {len(encoding.ids)} tokens, more than this model's limit of {limit} tokens "
+                "for a question; shorten it, or send truncate=true to cut it"
             )
 
 

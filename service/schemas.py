@@ -1,14 +1,18 @@
 """REST request and response bodies (pydantic), with the OpenAPI examples users see in /docs.
 
 Shapes follow Hugging Face pipelines: one input in -> its result out; a list in -> a list of results out.
-Unknown fields are rejected (a typo in an option name must not be silently ignored).
+Unknown fields are rejected (a typo in an option name must not be silently ignored). Option defaults are the
+task inputs' (`service.pipelines`), so REST and gRPC share them. Rules the service checks itself, with a
+message naming the input (non-blank text, at least one input, QA's two forms), are stated in the schema only.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, StrictInt, StrictStr, model_validator
+
+from service.pipelines import ClassifyInput, NERInput, QAInput
 
 AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
 
@@ -16,11 +20,19 @@ AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
 # which input is blank), so pydantic only checks the type here.
 Text = Annotated[StrictStr, Field(json_schema_extra={"pattern": r"\S"})]
 
-MODEL_FIELD = Field(
-    None,
-    description="A loaded model name (GET /v1/models); omitted = the task's default model.",
-    examples=["minilm-sst2"],
-)
+
+# A list of inputs holds at least one; the service checks it (pydantic would not say which list is empty).
+AT_LEAST_ONE = Field(json_schema_extra={"minItems": 1})
+
+
+def _model_field(example: str) -> Any:
+    return Field(
+        None,
+        description="A loaded model name (GET /v1/models); omitted = the task's default model.",
+        examples=[example],
+    )
+
+
 TRUNCATE_FIELD = Field(
     None,
     description="Inputs longer than the model's maximum: true = cut them, false = reject them (422); "
@@ -52,11 +64,13 @@ class ClassifyRequest(_Body):
             ]
         },
     )
-    inputs: Text | TextPair | list[Text | TextPair] = Field(
+    inputs: Text | TextPair | Annotated[list[Text | TextPair], AT_LEAST_ONE] = Field(
         ..., description="A text, a text pair, or a list of them (at most the server's per-request limit)."
     )
-    top_k: StrictInt | None = Field(1, ge=1, description="Labels per input, best first; null = all labels.")
-    model: StrictStr | None = MODEL_FIELD
+    top_k: StrictInt | None = Field(
+        ClassifyInput.top_k, ge=1, description="Labels per input, best first; null = all labels."
+    )
+    model: StrictStr | None = _model_field("minilm-sst2")
     truncate: StrictBool | None = TRUNCATE_FIELD
 
 
@@ -70,12 +84,29 @@ class QAPair(_Body):
     context: Text
 
 
+# QA's two forms, as `_one_form` checks them: question and context (both strings) without inputs, or inputs
+# without question and context (an absent field and null are the same).
+QA_FORMS: list[JsonValue] = [
+    {
+        "title": "single",
+        "required": ["question", "context"],
+        "properties": {"question": {"type": "string"}, "context": {"type": "string"}, "inputs": {"type": "null"}},
+    },
+    {
+        "title": "list",
+        "required": ["inputs"],
+        "properties": {"inputs": {"type": "array"}, "question": {"type": "null"}, "context": {"type": "null"}},
+    },
+]
+
+
 class QARequest(_Body):
     """Extract answers from contexts: either `question` + `context`, or `inputs` (a list of pairs)."""
 
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
+            "oneOf": QA_FORMS,
             "examples": [
                 {
                     "question": "Where do I live?",
@@ -89,15 +120,17 @@ class QARequest(_Body):
                     "top_k": 2,
                     "max_answer_len": 10,
                 },
-            ]
+            ],
         },
     )
     question: Text | None = Field(None, description="The question (single form).")
     context: Text | None = Field(
         None, description="The text holding the answer; longer than one window = several doc_stride windows."
     )
-    inputs: list[QAPair] | None = Field(None, description="Several {question, context} pairs (list form).")
-    top_k: StrictInt = Field(1, ge=1, le=20, description="Answers per question, best first.")
+    inputs: Annotated[list[QAPair], AT_LEAST_ONE] | None = Field(
+        None, description="Several {question, context} pairs (list form)."
+    )
+    top_k: StrictInt = Field(QAInput.top_k, ge=1, le=20, description="Answers per question, best first.")
     max_answer_len: StrictInt | None = Field(
         None,
         ge=1,
@@ -105,12 +138,13 @@ class QARequest(_Body):
         description="Longest answer, in tokens; omitted = the model's (its fine-tuning setting, else 15).",
     )
     handle_impossible_answer: StrictBool = Field(
-        False, description="Allow the empty answer {answer: '', start: 0, end: 0} when no span beats it."
+        QAInput.handle_impossible_answer,
+        description="Allow the empty answer {answer: '', start: 0, end: 0} when no span beats it.",
     )
     doc_stride: StrictInt | None = Field(
         None, ge=0, description="Tokens shared by consecutive windows of a long context; omitted = model default."
     )
-    model: StrictStr | None = MODEL_FIELD
+    model: StrictStr | None = _model_field("minilm-squad")
     truncate: StrictBool | None = TRUNCATE_FIELD
 
     @model_validator(mode="after")
@@ -144,13 +178,13 @@ class NERRequest(_Body):
             ]
         },
     )
-    inputs: Text | list[Text] = Field(..., description="A text or a list of texts.")
+    inputs: Text | Annotated[list[Text], AT_LEAST_ONE] = Field(..., description="A text or a list of texts.")
     aggregation_strategy: AggregationStrategy = Field(
-        "simple",
+        cast(AggregationStrategy, NERInput.aggregation_strategy),
         description="none = one entry per token with its tag; simple/first/average/max group word pieces "
         "and words into entities (Hugging Face token-classification semantics).",
     )
-    model: StrictStr | None = MODEL_FIELD
+    model: StrictStr | None = _model_field("minilm-conll03")
     truncate: StrictBool | None = TRUNCATE_FIELD
 
 

@@ -47,21 +47,20 @@ class ServiceSettings(BaseSettings):
     max_batch_size: int = Field(
         default=8,
         ge=1,
-        description="Most features (sequences) in one backend call. 8 measured best for MiniLM on 2 CPU cores "
-        "(32 gave bigger, more padded batches and lower throughput); raise it on a GPU.",
+        description="Most features (sequences) in one backend call; small on CPU cores (bigger batches pad more), "
+        "raise it on a GPU.",
     )
     max_batch_tokens: int = Field(default=16384, ge=8, description="Token budget of one call: rows x padded length.")
     max_wait_ms: float = Field(
         default=0.0,
         ge=0,
         description="Longest a batch waits for more requests to fill it. 0 = never wait: batches form from the "
-        "requests that arrive while the backend is busy (measured: lowest latency at low load, no loss under load).",
+        "requests that arrive while the backend is busy.",
     )
     max_padding: float | None = Field(
         default=None,
         ge=0,
-        description="Padding allowed in a batch, as a fraction of its real tokens (unset = no limit; a limit "
-        "measured worse here: batches got too small).",
+        description="Padding allowed in a batch, as a fraction of its real tokens (unset = no limit).",
     )
     max_queue: int = Field(default=512, ge=1, description="Features waiting per model; beyond it requests get 429.")
     max_concurrent_batches: int = Field(default=1, ge=1, description="Backend calls in flight per model.")
@@ -133,8 +132,6 @@ class ServiceSettings(BaseSettings):
     def _check(self) -> ServiceSettings:
         if not self.models:
             raise ValueError("models is empty: name at least one bundle folder or bundle name")
-        if self.max_batch_tokens < 8:
-            raise ValueError("max_batch_tokens must be at least 8")
         return self
 
     @property

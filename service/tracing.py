@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
 from typing import Any
 
 _NULL = contextlib.nullcontext()
@@ -60,8 +59,3 @@ class Tracer:
     def shutdown(self) -> None:
         if self._provider is not None:
             self._provider.shutdown()
-
-
-@contextlib.contextmanager
-def no_span() -> Iterator[None]:
-    yield

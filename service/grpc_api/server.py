@@ -17,7 +17,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from service.grpc_api.servicers import ClassifierServicer, ModelsServicer, NERServicer, QAServicer
+from service.errors import InvalidInput, Unauthenticated
+from service.grpc_api.servicers import ClassifierServicer, ModelsServicer, NERServicer, QAServicer, abort
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.inference import InferenceService
 from service.settings import ServiceSettings
@@ -35,9 +36,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         self._expected = f"Bearer {key}".encode()
 
         async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key: send authorization: Bearer <key>"
-            )
+            await abort(context, Unauthenticated("missing or wrong API key: send authorization: Bearer <key>"))
 
         self._deny = grpc.unary_unary_rpc_method_handler(deny)
 
@@ -147,9 +146,7 @@ def _guard(
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, _Malformed):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {type_name} message: {request.reason}"
-            )
+            await abort(context, InvalidInput(f"the request is not a valid {type_name} message: {request.reason}"))
         return await behaviour(request, context)
 
     return handle

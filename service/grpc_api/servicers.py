@@ -1,8 +1,9 @@
 """bert.v1 servicers: translate protobuf <-> the InferenceService's inputs and results, errors -> status codes.
 
-Same semantics as REST: defaults, limits and messages come from the InferenceService; only the mapping of
-`ServiceError` to a gRPC status (`service.errors.grpc_status`) happens here. The caller's deadline caps the
-request's timeout, so work for a request that has already expired is dropped before compute.
+Same semantics as REST: defaults, limits and messages come from the task inputs and the InferenceService (an
+unset optional field is left to the input type's default); every error ends the call through `abort`, the one
+place that applies `service.errors.grpc_status`. The caller's deadline caps the request's timeout, so work for
+a request that has already expired is dropped before compute.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -24,7 +25,7 @@ from service.pipelines import ClassifyInput, NERInput, QAInput
 log = logging.getLogger(__name__)
 
 AGGREGATION = {
-    pb.AGGREGATION_STRATEGY_UNSPECIFIED: "simple",
+    pb.AGGREGATION_STRATEGY_UNSPECIFIED: NERInput.aggregation_strategy,
     pb.AGGREGATION_STRATEGY_NONE: "none",
     pb.AGGREGATION_STRATEGY_SIMPLE: "simple",
     pb.AGGREGATION_STRATEGY_FIRST: "first",
@@ -33,12 +34,20 @@ AGGREGATION = {
 }
 
 
+async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
+    """End the call with the status of `service.errors.GRPC_STATUS` and the error's message."""
+    await context.abort(grpc_status(error), error.message)
+    raise AssertionError("unreachable: abort raises")
+
+
+def _given(request: Any, *names: str) -> dict[str, Any]:
+    """The optional fields the caller set; the others keep the task input's defaults."""
+    return {name: getattr(request, name) for name in names if request.HasField(name)}
+
+
 class _Base:
     def __init__(self, service: InferenceService) -> None:
         self.service = service
-
-    def _truncate(self, request: Any) -> bool:
-        return request.truncate if request.HasField("truncate") else self.service.settings.truncate
 
     async def _call(
         self, context: grpc.aio.ServicerContext, route: str, run: Callable[[float | None], Awaitable[Outcome]]
@@ -51,18 +60,16 @@ class _Base:
             context.set_trailing_metadata(tuple(metadata))
             return outcome
         except ServiceError as error:
-            code = grpc_status(error)
-            status = code.name
-            await context.abort(code, error.message)
-            raise  # unreachable: abort raises
+            status = grpc_status(error).name
+            await abort(context, error)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             status = "CANCELLED"
             raise
         except Exception:  # a bug must not leak as UNKNOWN with a traceback
-            status = grpc.StatusCode.INTERNAL.name
             log.exception("unexpected error in %s", route)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error (logged on the server)")
-            raise
+            internal = ServiceError("internal error (logged on the server)")
+            status = grpc_status(internal).name
+            await abort(context, internal)
         finally:
             self.service.metrics.observe_request("grpc", route, status, time.perf_counter() - start)
 
@@ -70,15 +77,12 @@ class _Base:
 class ClassifierServicer(_Base, pb_grpc.ClassifierServicer):
     async def Classify(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(timeout: float | None) -> Outcome:
-            with_pair = [item.HasField("text_pair") for item in request.inputs]
-            if any(with_pair) and not all(with_pair):
-                raise InvalidInput("inputs mix single texts and text pairs; send one kind per request")
-            top_k = request.top_k if request.HasField("top_k") else 1
-            task_input = ClassifyInput(
-                texts=[item.text for item in request.inputs],
-                pairs=[item.text_pair for item in request.inputs] if any(with_pair) else None,
-                top_k=None if top_k == 0 else top_k,
-                truncate=self._truncate(request),
+            options = _given(request, "top_k", "truncate")
+            if options.get("top_k") == 0:
+                options["top_k"] = None  # 0 = all labels
+            task_input = ClassifyInput.from_items(
+                [(item.text, item.text_pair if item.HasField("text_pair") else None) for item in request.inputs],
+                **options,
             )
             return await self.service.classify(task_input, model=request.model or None, timeout_s=timeout)
 
@@ -98,11 +102,8 @@ class QAServicer(_Base, pb_grpc.QAServicer):
             task_input = QAInput(
                 questions=[item.question for item in request.inputs],
                 contexts=[item.context for item in request.inputs],
-                top_k=request.top_k if request.HasField("top_k") else 1,
-                max_answer_len=request.max_answer_len if request.HasField("max_answer_len") else None,
                 handle_impossible_answer=request.handle_impossible_answer,
-                doc_stride=request.doc_stride if request.HasField("doc_stride") else None,
-                truncate=self._truncate(request),
+                **_given(request, "top_k", "max_answer_len", "doc_stride", "truncate"),
             )
             return await self.service.qa(task_input, model=request.model or None, timeout_s=timeout)
 
@@ -120,7 +121,7 @@ class NERServicer(_Base, pb_grpc.NERServicer):
             if strategy is None:
                 raise InvalidInput(f"unknown aggregation_strategy value {request.aggregation_strategy}")
             task_input = NERInput(
-                texts=list(request.texts), aggregation_strategy=strategy, truncate=self._truncate(request)
+                texts=list(request.texts), aggregation_strategy=strategy, **_given(request, "truncate")
             )
             return await self.service.ner(task_input, model=request.model or None, timeout_s=timeout)
 

@@ -23,9 +23,10 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import InvalidInput, ServiceError, Unauthenticated, http_status
-from service.http_api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from service.inference import InferenceService, Outcome
+from service.errors import InvalidInput, InvalidJson, ServiceError, Unauthenticated
+from service.http_api.middleware import SERVER_HEADERS, BodyLimitMiddleware, MetricsMiddleware, error_response
+from service.http_api.openapi import describe_loaded_models
+from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
 from service.metrics import CONTENT_TYPE, ServiceMetrics
 from service.pipelines import ClassifyInput, NERInput, QAInput
 from service.schemas import (
@@ -81,11 +82,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
-            expose_headers=["x-queue-time-ms", "x-inference-time-ms", "x-total-time-ms", "x-model", "x-request-id"],
+            expose_headers=[*RESPONSE_HEADERS, *SERVER_HEADERS],
         )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     _add_routes(app)
+    describe_loaded_models(app)
     return app
 
 
@@ -128,36 +130,31 @@ async def _load(service: InferenceService, grpc_front: Any) -> None:
 
 
 # ---- errors ---------------------------------------------------------------------------------------------
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
-
-
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, error: ServiceError) -> JSONResponse:
-        status = http_status(error)
-        headers = {"retry-after": "1"} if status in (429, 503) else None
-        if status == 401:
-            headers = {"www-authenticate": "Bearer"}
-        if status >= 500 and status != 503:
+        response = error_response(error)
+        if response.status_code >= 500 and response.status_code != 503:
             log.error("request failed", extra={"code": error.code, "error": error.message})
-        return _error(status, error.code, error.message, headers)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
         problems = error.errors()
         if any(problem.get("type") == "json_invalid" for problem in problems):
-            return _error(400, "invalid_json", "the request body is not valid JSON; send a JSON object")
-        return _error(422, "invalid_input", _describe(problems))
+            return error_response(InvalidJson("the request body is not valid JSON; send a JSON object"))
+        return error_response(InvalidInput(_describe(problems)))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
-        return _error(error.status_code, "http_error", str(error.detail), getattr(error, "headers", None))
+        # routing (404, 405): the HTTP layer's own statuses, not domain errors
+        body = {"error": {"code": "http_error", "message": str(error.detail)}}
+        return JSONResponse(body, status_code=error.status_code, headers=getattr(error, "headers", None))
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, error: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return _error(500, "internal", "internal error (logged on the server)")
+        return error_response(ServiceError("internal error (logged on the server)"))
 
 
 def _describe(problems: Sequence[Any]) -> str:
@@ -199,14 +196,8 @@ def _timeout(request: Request) -> float | None:
     return milliseconds / 1000
 
 
-def _truncate(request: Request, value: bool | None) -> bool:
-    return request.app.state.settings.truncate if value is None else value
-
-
 def _respond(response: Response, outcome: Outcome) -> None:
-    for name, value in outcome.timings.headers().items():
-        response.headers[name] = value
-    response.headers["x-model"] = outcome.model
+    response.headers.update(outcome.headers())
 
 
 def _add_routes(app: FastAPI) -> None:
@@ -224,9 +215,10 @@ def _add_routes(app: FastAPI) -> None:
         """Classify texts or text pairs: `[{label, score}]` per input, best first."""
         single = not isinstance(body.inputs, list)
         items: list[str | TextPair] = list(body.inputs) if isinstance(body.inputs, list) else [body.inputs]
-        texts, pairs = _split_pairs(items)
-        task_input = ClassifyInput(
-            texts=texts, pairs=pairs, top_k=body.top_k, truncate=_truncate(request, body.truncate)
+        task_input = ClassifyInput.from_items(
+            [(item, None) if isinstance(item, str) else (item.text, item.text_pair) for item in items],
+            top_k=body.top_k,
+            truncate=body.truncate,
         )
         outcome = await _service(request).classify(task_input, model=body.model, timeout_s=_timeout(request))
         _respond(response, outcome)
@@ -250,7 +242,7 @@ def _add_routes(app: FastAPI) -> None:
             max_answer_len=body.max_answer_len,
             handle_impossible_answer=body.handle_impossible_answer,
             doc_stride=body.doc_stride,
-            truncate=_truncate(request, body.truncate),
+            truncate=body.truncate,
         )
         outcome = await _service(request).qa(task_input, model=body.model, timeout_s=_timeout(request))
         _respond(response, outcome)
@@ -268,9 +260,7 @@ def _add_routes(app: FastAPI) -> None:
         """Find entities `{entity_group, score, word, start, end}` (character offsets into the text)."""
         single = isinstance(body.inputs, str)
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
-        task_input = NERInput(
-            texts=texts, aggregation_strategy=body.aggregation_strategy, truncate=_truncate(request, body.truncate)
-        )
+        task_input = NERInput(texts=texts, aggregation_strategy=body.aggregation_strategy, truncate=body.truncate)
         outcome = await _service(request).ner(task_input, model=body.model, timeout_s=_timeout(request))
         _respond(response, outcome)
         return outcome.results[0] if single else outcome.results
@@ -298,15 +288,6 @@ def _add_routes(app: FastAPI) -> None:
     async def metrics(request: Request) -> Response:
         """Prometheus metrics."""
         return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE)
-
-
-def _split_pairs(items: list[str | TextPair]) -> tuple[list[str], list[str] | None]:
-    if all(isinstance(item, str) for item in items):
-        return [str(item) for item in items], None
-    if all(isinstance(item, TextPair) for item in items):
-        pairs = [item for item in items if isinstance(item, TextPair)]
-        return [item.text for item in pairs], [item.text_pair for item in pairs]
-    raise InvalidInput("inputs mix single texts and text pairs; send one kind per request")
 
 
 __all__ = ["create_app"]

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: request body size limit, request metrics + access log.
+"""Pure ASGI middleware: request body size limit, request metrics + access log; the HTTP error response.
 
 Pure ASGI (not BaseHTTPMiddleware) so streaming bodies are counted as they arrive and nothing is buffered.
 Reference: https://www.starlette.io/middleware/#pure-asgi-middleware
@@ -6,20 +6,32 @@ Reference: https://www.starlette.io/middleware/#pure-asgi-middleware
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.errors import PayloadTooLarge, ServiceError, http_status
 from service.metrics import ServiceMetrics
 
 log = logging.getLogger("service.http")
 
+REQUEST_ID_HEADER = "x-request-id"
+SERVER_TIME_HEADER = "x-server-time-ms"
+SERVER_HEADERS = (REQUEST_ID_HEADER, SERVER_TIME_HEADER)
+"""Headers this middleware adds to every HTTP response."""
 
-def error_body(code: str, message: str) -> bytes:
-    return json.dumps({"error": {"code": code, "message": message}}).encode()
+
+def error_response(error: ServiceError) -> JSONResponse:
+    """`{"error": {code, message}}` with the status of `service.errors.HTTP_STATUS` (the one HTTP mapping)."""
+    status = http_status(error)
+    headers = {"retry-after": "1"} if status in (429, 503) else None
+    if status == 401:
+        headers = {"www-authenticate": "Bearer"}
+    body = {"error": {"code": error.code, "message": error.message}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 class BodyLimitMiddleware:
@@ -35,7 +47,7 @@ class BodyLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await self._reject(send, declared)
+            await self._reject(scope, receive, send, declared)
             return
         if declared is not None:
             await self.app(scope, receive, send)  # the server enforces Content-Length itself
@@ -50,7 +62,7 @@ class BodyLimitMiddleware:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                await self._reject(send, size)
+                await self._reject(scope, receive, send, size)
                 return
             if not message.get("more_body", False):
                 break
@@ -65,19 +77,11 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, send: Send, size: int) -> None:
-        body = error_body(
-            "payload_too_large",
-            f"the request body has more than {self.max_bytes} bytes ({size}); send fewer or shorter inputs",
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
+        error = PayloadTooLarge(
+            f"the request body has more than {self.max_bytes} bytes ({size}); send fewer or shorter inputs"
         )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await error_response(error)(scope, receive, send)
 
 
 def _header(scope: Scope, wanted: bytes) -> str | None:
@@ -108,14 +112,14 @@ class MetricsMiddleware:
             return
         start = time.perf_counter()
         status = 500
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        request_id = _header(scope, REQUEST_ID_HEADER.encode()) or uuid.uuid4().hex
 
         async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 server_ms = f"{(time.perf_counter() - start) * 1000:.3f}".encode()
-                extra = [(b"x-request-id", request_id.encode()), (b"x-server-time-ms", server_ms)]
+                extra = [(REQUEST_ID_HEADER.encode(), request_id.encode()), (SERVER_TIME_HEADER.encode(), server_ms)]
                 message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 

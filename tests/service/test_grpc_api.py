@@ -146,6 +146,12 @@ def test_health_and_reflection(channel: grpc.Channel) -> None:
             "top_k",
         ),
         (
+            lambda ch: pb_grpc.QAStub(ch).Extract(
+                pb.ExtractRequest(inputs=[pb.QAInput(question="which river? " * 20, context="c")], truncate=False)
+            ),
+            "more than this model's limit of 30 tokens",
+        ),
+        (
             lambda ch: pb_grpc.NERStub(ch).Recognize(pb.RecognizeRequest(texts=["x"], aggregation_strategy=42)),
             "aggregation",
         ),

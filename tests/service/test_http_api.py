@@ -120,6 +120,14 @@ def test_qa_answers_can_come_from_late_windows(client: httpx.Client) -> None:
     assert max(a["end"] for a in answers) > len(LONG_CONTEXT) // 2
 
 
+def test_qa_over_long_question_is_cut_or_rejected(client: httpx.Client) -> None:
+    # the tiny QA bundle has no task_settings: questions get at most (64 - 3) // 2 = 30 tokens of a window
+    body = {"question": "which of the many rivers " * 10 + "is it?", "context": "The river is the Seine."}
+    assert client.post("/qa", json=body).status_code == 200
+    message = _error(client.post("/qa", json={**body, "truncate": False}), 422, "input_too_long")
+    assert "question[0]" in message and "30 tokens" in message and "truncate" in message
+
+
 def test_qa_impossible_answer_and_stride(client: httpx.Client) -> None:
     body = {"question": "What?", "context": LONG_CONTEXT, "handle_impossible_answer": True, "doc_stride": 4}
     answer = client.post("/qa", json=body).json()

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from service import errors
 from service.errors import GRPC_STATUS, HTTP_STATUS, ServiceError, grpc_status, http_status
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
@@ -34,16 +35,33 @@ def test_service_imports_no_torch() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
 
 
-def test_every_domain_error_has_a_status_in_both_tables() -> None:
+Code = grpc.StatusCode
+INTENDED_STATUS = {
+    "ServiceError": (500, Code.INTERNAL),
+    "InvalidInput": (422, Code.INVALID_ARGUMENT),
+    "InvalidJson": (400, Code.INVALID_ARGUMENT),
+    "InputTooLong": (422, Code.INVALID_ARGUMENT),
+    "UnknownModel": (422, Code.INVALID_ARGUMENT),
+    "PayloadTooLarge": (413, Code.RESOURCE_EXHAUSTED),
+    "Unauthenticated": (401, Code.UNAUTHENTICATED),
+    "Overloaded": (429, Code.RESOURCE_EXHAUSTED),
+    "DeadlineExceeded": (504, Code.DEADLINE_EXCEEDED),
+    "NotReady": (503, Code.UNAVAILABLE),
+    "BackendUnavailable": (503, Code.UNAVAILABLE),
+    "BackendError": (500, Code.INTERNAL),
+}
+"""Every domain error's (HTTP, gRPC) status, as the README's error table documents them."""
+
+
+def test_every_domain_error_maps_to_its_intended_status() -> None:
     def subclasses(klass: type) -> list[type]:
         return [klass, *(s for c in klass.__subclasses__() for s in subclasses(c))]
 
-    caller_faults = {"InvalidInput", "InputTooLong", "UnknownModel", "PayloadTooLarge", "Unauthenticated", "Overloaded"}
-    for klass in subclasses(ServiceError):
-        error = klass("x")
-        assert (http_status(error) < 500) == (klass.__name__ in caller_faults), klass
-        assert grpc_status(error) != grpc.StatusCode.UNKNOWN
-    assert http_status(ServiceError("x")) == 500 and grpc_status(ServiceError("x")) == grpc.StatusCode.INTERNAL
+    defined = {klass.__name__: klass for klass in subclasses(ServiceError) if klass.__module__ == errors.__name__}
+    assert set(defined) == set(INTENDED_STATUS), "a new domain error needs its intended statuses here"
+    for name, (http, code) in INTENDED_STATUS.items():
+        error = defined[name]("x")
+        assert (http_status(error), grpc_status(error)) == (http, code), name
     assert set(GRPC_STATUS) <= set(HTTP_STATUS)
 
 
@@ -60,6 +78,35 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BERTSERVE_MAX_BATCH_SIZE", "0")
     with pytest.raises(ValueError, match="max_batch_size"):
         ServiceSettings()
+
+
+def test_every_setting_is_a_serve_option_with_its_help_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    import typer
+
+    from service.cli import register
+
+    for name in [name for name in __import__("os").environ if name.startswith("BERTSERVE_")]:
+        monkeypatch.delenv(name)
+    app = typer.Typer(add_completion=False)
+    register(app)
+    command = typer.main.get_command(app)
+    options = {param.name: param for param in command.params}
+    defaults = ServiceSettings()
+    for name, field in ServiceSettings.model_fields.items():
+        option = options.pop(name, None)
+        assert option is not None, f"setting {name} has no serve option"
+        assert option.default is None, name  # left out = nothing passed: the environment, then the default
+        assert option.help and field.description and option.help.startswith(field.description), name
+        assert f"BERTSERVE_{name.upper()}" in option.help, name
+        shown = option.show_default
+        if not isinstance(shown, str):  # no default shown: the setting is unset by default
+            assert getattr(defaults, name) in (None, "", []), name
+            continue
+        # the default the help shows, given on the command line, is the setting's default
+        args = [f"--{shown}"] if option.is_flag else [option.opts[0], shown]
+        given = command.make_context("serve", args).params[name]
+        assert getattr(ServiceSettings(**{name: given}), name) == getattr(defaults, name), (name, shown)
+    assert not options, f"options without a setting: {sorted(options)}"
 
 
 @pytest.mark.parametrize(
@@ -159,6 +206,17 @@ def test_api_key_and_cors(tiny_bundles: dict[str, Path], tmp_path: Path) -> None
             headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
         )
         assert preflight.headers["access-control-allow-origin"] == "http://app.example"
+        # a browser lets the page read only the headers the response exposes: every one the service adds
+        cross_origin = httpx.post(
+            server.url + "/classify",
+            json=body,
+            headers={"Authorization": "Bearer s3cret", "Origin": "http://app.example"},
+        )
+        assert cross_origin.headers["access-control-allow-origin"] == "http://app.example"
+        exposed = {name.strip().lower() for name in cross_origin.headers["access-control-expose-headers"].split(",")}
+        service_headers = {name for name in cross_origin.headers if name.startswith("x-")}
+        assert {"x-tokenize-time-ms", "x-postprocess-time-ms", "x-server-time-ms"} <= service_headers
+        assert service_headers <= exposed, service_headers - exposed
         with grpc.insecure_channel(server.grpc_target) as channel:
             stub = pb_grpc.ClassifierStub(channel)
             request = pb.ClassifyRequest(inputs=[pb.TextInput(text="hello")])
