@@ -23,10 +23,10 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not containers" $(PYTEST_ARGS)
 
 test-slow: install
-	$(PY) -m pytest -m "slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not containers" $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -43,7 +43,7 @@ info: install
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
-# ---- service (issue 6) ------------------------------------------------------------------------------
+# ---- service ----------------------------------------------------------------------------------------------
 .PHONY: serve triton-venv bench-service
 BUNDLES_DIR ?= artifacts/bundles
 DEFAULT_BUNDLES := minilm-sst2 minilm-squad minilm-conll03
@@ -70,7 +70,7 @@ $(TRITON_VENV)/.stamp:
 bench-service: install proto
 	flock /tmp/bertserve-cpu.lock $(PY) -m service.bench $(BENCH_ARGS)
 
-# ---- export (issue 5) -------------------------------------------------------------------------------
+# ---- export -----------------------------------------------------------------------------------------------
 .PHONY: export bundles bench
 EXPORT_VARIANTS ?= cpu-fp32,cpu-int8,gpu-fp16,openvino-int8,openvino-bf16
 # The built bundle when there is one (its variants as exported), else the model (a bundle of every variant is built).
@@ -95,7 +95,7 @@ bundles: install
 bench: install
 	$(CPU_LOCK) $(VENV)/bin/bertserve bench-model $(BENCH_MODEL) --out artifacts/bench $(BENCH_ARGS)
 
-# ---- load tests (issue 7) ---------------------------------------------------------------------------
+# ---- load tests -------------------------------------------------------------------------------------------
 .PHONY: loadtest loadtest-acceptance
 LOADTEST_PROFILE ?= smoke
 LOADTEST_BUNDLES := $(foreach name,$(DEFAULT_BUNDLES),$(BUNDLES_DIR)/$(name)/manifest.json)
@@ -124,7 +124,7 @@ loadtest-acceptance: install proto $(LOADTEST_BUNDLES)
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile overload --mix "/classify=1,Classifier.Classify=1" \
 		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-overload
 
-# ---- default task models (issue 4) -----------------------------------------------------------------
+# ---- default task models --------------------------------------------------------------------------------
 # LoRA composites over minilm (a few MB each, committed under bert_model/pretrained/), rebuilt from the
 # shared data sets, each under the CPU lock. One model: `make default-models MODELS=minilm-sst2`.
 DATA ?= ../shared/data
@@ -135,7 +135,7 @@ default-models: install
 		$(CPU_LOCK) $(PY) -m bert_model.finetuning.default_models --data $(DATA) $$name || exit 1; \
 	done
 
-# ---- pretraining (issue 3) -------------------------------------------------------------------------
+# ---- pretraining ------------------------------------------------------------------------------------------
 # `make pretrain-demo` reproduces the README's acceptance run: a `mini` BERT from scratch on WikiText-2
 # (valid + test) + Tiny Shakespeare: 28 minutes of training (a wall-clock budget) on 2 CPU cores, from the
 # start that leaves the masked-LM plateau in time (--attention-init local, see local_attention.py). The
@@ -161,3 +161,24 @@ pretrain-demo: install $(PRETRAIN_DIR)/data/meta.json
 # Sequences/s of `mini` training steps, fp32 vs bf16 autocast, and a BERT-base GPU projection.
 bench-pretrain: install
 	OMP_WAIT_POLICY=PASSIVE $(CPU_LOCK) $(PY) -m bert_model.pretraining.bench $(BENCH_PRETRAIN_ARGS)
+
+# ---- containers ------------------------------------------------------------------------------------------
+# `docker compose up -d --wait` needs nothing but Docker: the api image exports the default models in a build
+# stage. Its torch comes from docker/wheels/ first: `make docker-wheels` links or copies the CPU wheel of
+# torch $(TORCH_VERSION) from pip's configured find-links folders (or $$PIP_FIND_LINKS) there, when one exists.
+.PHONY: docker-wheels compose-test
+TORCH_VERSION := 2.13.0
+docker-wheels:
+	@mkdir -p docker/wheels
+	@links="$$($(PYTHON) -m pip config get global.find-links 2>/dev/null) $${PIP_FIND_LINKS:-}"; \
+	for dir in $$links; do for whl in $${dir#file://}/torch-$(TORCH_VERSION)+cpu-cp311-*x86_64.whl; do \
+		test -f "$$whl" || continue; \
+		ln -f "$$whl" docker/wheels/ 2>/dev/null || cp -u "$$whl" docker/wheels/; \
+		echo "docker/wheels/$$(basename $$whl)"; exit 0; \
+	done; done; \
+	echo "docker-wheels: no local CPU wheel of torch $(TORCH_VERSION); the image takes TORCH_INDEX_URL or PyPI's"
+
+# The real stack on a real engine (../shared/tools/docker/up): build, up on spare ports, real REST / gRPC /
+# metrics / locust requests, down (exit 0, drained). Skips with the reason when no engine can be started.
+compose-test: install proto docker-wheels
+	$(PY) -m pytest -m containers tests/containers $(PYTEST_ARGS)

@@ -127,7 +127,13 @@ class RunningServer:
 
     def __enter__(self) -> RunningServer:
         self._log = open(self.log_path, "w")
-        environment = {**os.environ, "BERTSERVE_LOG_LEVEL": "warning", "PYTHONPATH": str(REPO)}
+        # no drain on stop: the runner is this server's only client, and it has stopped sending
+        environment = {
+            **os.environ,
+            "BERTSERVE_LOG_LEVEL": "warning",
+            "BERTSERVE_DRAIN_S": "0",
+            "PYTHONPATH": str(REPO),
+        }
         self.process = subprocess.Popen(
             self.target.command, cwd=REPO, env=environment, stdout=self._log, stderr=subprocess.STDOUT
         )

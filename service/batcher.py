@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from service.errors import BackendError, DeadlineExceeded, InvalidInput, Overloaded, ServiceError
+from service.errors import BackendError, DeadlineExceeded, InvalidInput, NotReady, Overloaded, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class Batcher:
             await asyncio.gather(*self._batch_tasks, return_exceptions=True)
         for item in self._pending:
             if not item.request.dead:
-                item.request.future.set_exception(ServiceError("the server shut down before this request ran"))
+                item.request.future.set_exception(NotReady("the server shut down before this request ran; retry"))
         self._pending.clear()
 
     @property
@@ -193,7 +193,7 @@ class Batcher:
         `deadline` is in `time.perf_counter()` seconds (uvloop's loop clock has only millisecond steps).
         """
         if self._closed or self._wakeup is None:
-            raise ServiceError("the batcher is not running")
+            raise NotReady("the server is shutting down (or not started): this model takes no requests")
         if not features:
             raise InvalidInput("nothing to run: the request produced no token sequences")
         if len(features) > self.config.max_queue:

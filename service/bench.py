@@ -63,7 +63,7 @@ class Server:
         self.http_port, self.grpc_port = free_port(), free_port()
         command = [sys.executable, "-m", "bertserve", "serve", "--models", models, "--host", "127.0.0.1"]
         command += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *extra]
-        env = {**os.environ, "BERTSERVE_LOG_LEVEL": "warning"}
+        env = {**os.environ, "BERTSERVE_LOG_LEVEL": "warning", "BERTSERVE_DRAIN_S": "0"}  # the bench is its only client
         self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.http_port}"

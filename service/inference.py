@@ -105,6 +105,9 @@ class LoadedModel:
 @dataclass
 class ServiceState:
     ready: bool = False
+    """Requests are taken: every model is loaded and warmed up, and the server is not stopping."""
+    draining: bool = False
+    """A stop signal arrived: readiness reports 503 and responses close their connections, requests still run."""
     shutting_down: bool = False
     load_error: str | None = None
     started: float = field(default_factory=time.monotonic)

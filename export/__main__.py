@@ -1,0 +1,17 @@
+"""`python -m export ...`: the export stage's subcommands alone (`export`, `bench-model`).
+
+The serving image's bundle stage runs this: it needs only bert_model/ and export/, so changes to the service's
+sources do not invalidate the image layer that exports the default models.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from export.cli import register
+
+app = typer.Typer(name="python -m export", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+register(app)
+
+if __name__ == "__main__":
+    app()
