@@ -36,7 +36,7 @@ from bert_model.config import BertConfig
 from bert_model.finetuning.batching import inference_batches
 from bert_model.finetuning.options import ClassifyOptions, NEROptions, QAOptions
 from bert_model.finetuning.recipe import subset
-from bert_model.finetuning.run import default_options, make_recipe, stored_settings
+from bert_model.finetuning.recipes import default_options, make_recipe, stored_settings
 from bert_model.tasks.classification import build_classification_features
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import build_ner_features, ner_word_predictions

@@ -22,39 +22,20 @@ import torch
 from torch import nn
 
 from bert_model.adapters import LoRAConfig, apply_lora, save_composite, trainable_parameter_count
-from bert_model.checkpoint import PreTrainedMixin
-from bert_model.config import BertConfig
-from bert_model.finetuning.classify import ClassifyRecipe, write_classify_predictions
-from bert_model.finetuning.ner import NERRecipe, write_conll_predictions
-from bert_model.finetuning.options import ClassifyOptions, FinetuneRun, NEROptions, QAOptions
+from bert_model.checkpoint import PreTrainedMixin, load_checkpoint_state
+from bert_model.config import META_KEY, BertConfig
+from bert_model.finetuning.classify import write_classify_predictions
+from bert_model.finetuning.ner import write_conll_predictions
+from bert_model.finetuning.options import ClassifyOptions, FinetuneRun
 from bert_model.finetuning.qa import QARecipe, write_squad_predictions
 from bert_model.finetuning.recipe import EvalOutcome, EvalSet, TaskRecipe
-from bert_model.finetuning.trainer import MetricsLog, Trainer
+from bert_model.finetuning.recipes import default_options, make_recipe, stored_settings
+from bert_model.finetuning.trainer import Trainer
 from bert_model.registry import TASK_MODELS, resolve_model_path
 from bert_model.tokenization import BertTokenizer
+from bert_model.training import MetricsLog
 
 logger = logging.getLogger(__name__)
-META_KEY = "bertserve"
-
-
-def make_recipe(task: str, tokenizer: BertTokenizer, options: Any, config: BertConfig | None = None) -> TaskRecipe:
-    """The recipe of `task`; with a trained model's `config`, its labels and stored task settings."""
-    labels = [config.id2label[i] for i in sorted(config.id2label)] if config and config.id2label else None
-    if task == "classify":
-        return ClassifyRecipe(tokenizer, options if isinstance(options, ClassifyOptions) else None, labels)
-    if task == "ner":
-        return NERRecipe(tokenizer, options if isinstance(options, NEROptions) else None, labels)
-    if task == "qa":
-        threshold = stored_settings(config).get("null_threshold") if config else None
-        return QARecipe(tokenizer, options if isinstance(options, QAOptions) else None, threshold)
-    raise ValueError(f"unknown task {task!r}: choose classify, qa or ner")
-
-
-def stored_settings(config: BertConfig | None) -> dict[str, Any]:
-    """The `bertserve.task` settings a fine-tuned model was saved with ({} for other models)."""
-    meta = config.extra.get(META_KEY) if config else None
-    task = meta.get("task") if isinstance(meta, dict) else None
-    return task if isinstance(task, dict) else {}
 
 
 # ---- finetune -------------------------------------------------------------------------------------------
@@ -137,8 +118,6 @@ def save_model(
     lora: LoRAConfig | None,
 ) -> None:
     """Save full weights, or (LoRA) a small composite over `base_model`; tokenizer files beside them."""
-    from bert_model.checkpoint import load_checkpoint_state
-
     settings = {"task": recipe.settings()}
     if lora is not None:
         base_folder = resolve_model_path(base_model)
@@ -199,13 +178,6 @@ def evaluate_model(
         **outcome.metrics,
         "seconds": round(time.perf_counter() - started, 1),
     }
-
-
-def default_options(task: str, settings: dict[str, Any]) -> Any:
-    """Task options from a model's stored settings (window sizes the model was trained with)."""
-    keep = {k: v for k, v in settings.items() if k not in ("name", "version_2", "null_threshold")}
-    factory = {"classify": ClassifyOptions, "qa": QAOptions, "ner": NEROptions}[task]
-    return factory(**keep)
 
 
 def write_predictions(task: str, path: Path, eval_set: EvalSet, outcome: EvalOutcome) -> None:

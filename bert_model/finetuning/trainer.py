@@ -8,12 +8,9 @@ primary metric on the eval set) are kept in memory and restored at the end.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,60 +21,15 @@ from tqdm import tqdm
 from bert_model.finetuning.batching import training_batches
 from bert_model.finetuning.inference import autocast
 from bert_model.finetuning.options import TrainingOptions
+from bert_model.training import MetricsLog, TrainResult, lr_multiplier, parameter_groups
 
 BatchBuilder = Callable[[list[int]], dict[str, torch.Tensor]]
 Evaluate = Callable[[nn.Module, int | None], dict[str, Any]]
-NO_DECAY = ("bias", "LayerNorm.weight")
-
-
-@dataclass
-class TrainResult:
-    """What the loop did: steps, time, the best evaluation and its step."""
-
-    steps: int = 0
-    seconds: float = 0.0
-    best_metric: float | None = None
-    best_step: int | None = None
-    evaluations: list[dict[str, Any]] = field(default_factory=list)
-
-
-class MetricsLog:
-    """Appends one JSON object per line to `metrics.jsonl` (and keeps them)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("")
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.path is not None:
-            with self.path.open("a") as handle:
-                handle.write(json.dumps(record, sort_keys=True) + "\n")
-
-
-def linear_schedule(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
-    """Learning-rate multiplier: 0 -> 1 over the warm-up, then 1 -> 0 at `total_steps`."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-    return factor
 
 
 def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; no weight decay on biases and LayerNorm weights."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for name, parameter in model.named_parameters():
-        if parameter.requires_grad:
-            (no_decay if name.endswith(NO_DECAY) else decay).append(parameter)
-    groups = [
-        {"params": decay, "weight_decay": options.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+    """AdamW over the trainable parameters; no weight decay on biases and LayerNorm parameters."""
+    groups = parameter_groups(model, options.weight_decay)
     return torch.optim.AdamW(groups, lr=options.peak_learning_rate, betas=(0.9, 0.999), eps=1e-8)
 
 
@@ -109,7 +61,9 @@ class Trainer:
     def train(self) -> TrainResult:
         optimizer = make_optimizer(self.model, self.options)
         warmup = int(self.options.warmup_ratio * self.total_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_schedule(self.total_steps, warmup))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_multiplier(step, warmup, self.total_steps)
+        )
         started, losses = time.perf_counter(), []
         self.model.train()
         bar = tqdm(total=self.total_steps, desc="finetune", unit="step", mininterval=5.0)
@@ -119,7 +73,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", refresh=False)
             if step % self.options.log_every == 0:
-                self._log_train(step, losses, float(scheduler.get_last_lr()[0]), started)
+                self.result.last_train = self._log_train(step, losses, float(scheduler.get_last_lr()[0]), started)
             if self._should_evaluate(step):
                 self._evaluate(step, started)
         bar.close()
@@ -157,17 +111,16 @@ class Trainer:
             return step % self.options.eval_every == 0
         return step % self.batches_per_epoch == 0
 
-    def _log_train(self, step: int, losses: list[float], lr: float, started: float) -> None:
-        recent = losses[-self.options.log_every :]
-        self.log.write(
-            {
-                "step": step,
-                "epoch": round(step / self.batches_per_epoch, 4),
-                "train_loss": float(np.mean(recent)),
-                "learning_rate": lr,
-                "elapsed_s": round(time.perf_counter() - started, 1),
-            }
-        )
+    def _log_train(self, step: int, losses: list[float], lr: float, started: float) -> dict[str, Any]:
+        record = {
+            "step": step,
+            "epoch": round(step / self.batches_per_epoch, 4),
+            "train_loss": float(np.mean(losses[-self.options.log_every :])),
+            "learning_rate": lr,
+            "elapsed_s": round(time.perf_counter() - started, 1),
+        }
+        self.log.write(record)
+        return record
 
     def _evaluate(self, step: int, started: float) -> None:
         assert self.evaluate is not None
@@ -187,7 +140,7 @@ class Trainer:
             "best": improved,
             "elapsed_s": round(time.perf_counter() - started, 1),
         }
-        self.result.evaluations.append(record)
+        self.result.last_eval = record
         self.log.write(record)
         tqdm.write(f"step {step}: {self.primary_metric} {value:.2f}" + (" (best)" if improved else ""))
 

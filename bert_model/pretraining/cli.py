@@ -197,7 +197,7 @@ def pretrain(
     if int(os.environ.get("RANK", "0")) != 0:
         return
     state = "finished" if result.completed else "stopped (resume with --resume)"
-    typer.echo(f"{state} at step {result.step} after {result.elapsed_s:.0f} s of training; run folder {result.out}")
+    typer.echo(f"{state} at step {result.steps} after {result.seconds:.0f} s of training; run folder {args.out}")
     if result.last_eval:
         summary = {k: round(result.last_eval[k], 4) for k in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc")}
         typer.echo(f"held-out: {json.dumps(summary)}")

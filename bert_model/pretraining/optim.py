@@ -4,11 +4,12 @@
 - LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes",
   algorithm 2): Adam's bias-corrected update plus decoupled weight decay, rescaled per parameter tensor by the
   trust ratio ||w|| / ||update||, which keeps very large batches (32k) stable. Written here: torch has none.
-- Schedule (Devlin et al. 2019, appendix A.2): linear warm-up to the peak rate, then linear decay to zero.
-  With a time budget the schedule's progress is the larger of steps done / max_steps and time spent / budget,
-  so that the decay reaches zero when the budget runs out (the "budget" schedules of Geiping & Goldstein 2022,
-  "Cramming: Training a Language Model on a Single GPU in One Day", section 4.3).
-- Weight decay skips biases and LayerNorm weights, as in the reference implementation.
+- Schedule (Devlin et al. 2019, appendix A.2): linear warm-up to the peak rate, then linear decay to zero
+  (`bert_model.training.lr_multiplier`, shared with fine-tuning). With a time budget the schedule's progress is
+  the larger of steps done / max_steps and time spent / budget, so that the decay reaches zero when the budget
+  runs out (the "budget" schedules of Geiping & Goldstein 2022, "Cramming: Training a Language Model on a Single
+  GPU in One Day", section 4.3).
+- Weight decay skips biases and LayerNorm parameters (`bert_model.training.parameter_groups`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 from torch.optim import Optimizer
+
+from bert_model.training import lr_multiplier, parameter_groups
 
 OPTIMIZERS: tuple[str, ...] = ("adamw", "lamb")
 
@@ -78,20 +81,6 @@ class Lamb(Optimizer):
         param.add_(update * trust, alpha=-group["lr"])
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: decayed weights, and biases + LayerNorm weights without decay (each parameter once)."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for name, param in model.named_parameters():  # named_parameters yields a tied parameter once
-        if not param.requires_grad:
-            continue
-        if name.endswith("bias") or "LayerNorm" in name:
-            no_decay.append(param)
-        else:
-            decay.append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def build_optimizer(
     model: nn.Module,
     name: str,
@@ -107,14 +96,6 @@ def build_optimizer(
     if name == "lamb":
         return Lamb(groups, lr=lr, betas=betas, eps=eps)
     raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
-
-
-def lr_multiplier(step: float, warmup_steps: int, total_steps: int) -> float:
-    """Factor of the peak rate for optimizer step `step` (0-based): linear warm-up, then linear decay to 0."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    remaining = total_steps - step
-    return max(0.0, remaining / max(1, total_steps - warmup_steps))
 
 
 class WarmupLinearSchedule:

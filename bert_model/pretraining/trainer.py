@@ -19,7 +19,6 @@ import logging
 import signal
 import time
 from contextlib import AbstractContextManager, nullcontext, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -38,32 +37,19 @@ from bert_model.pretraining.distributed import (
     init_distributed,
     shutdown,
 )
-from bert_model.pretraining.metrics import MetricsLog, Sums
+from bert_model.pretraining.metrics import BatchSums, Sums
 from bert_model.pretraining.model_setup import build_model
 from bert_model.pretraining.optim import WarmupLinearSchedule, build_optimizer
 from bert_model.pretraining.resume import ResumeState, checkpoint_path, load_checkpoint, save_checkpoint
 from bert_model.pretraining.shards import TOKENIZER_DIR, DataMeta
 from bert_model.pretraining.training_args import TrainingArgs
 from bert_model.tokenization import BertTokenizer
+from bert_model.training import MetricsLog, TrainResult
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 ARGS_FILE = "pretraining_args.json"
-
-
-@dataclass
-class TrainResult:
-    """How a `pretrain` call ended."""
-
-    step: int
-    completed: bool
-    """True when max_steps was reached (False: stopped early, resumable)."""
-    last_train: dict[str, Any]
-    """Means over the last logging window."""
-    last_eval: dict[str, Any] | None
-    out: Path
-    elapsed_s: float
 
 
 def pretrain(args: TrainingArgs) -> TrainResult:
@@ -129,7 +115,7 @@ class Trainer:
         self.lr = self.schedule.apply(0)
         self.stream = InstanceStream(args.data, self.meta, "train", seed=args.seed)
         self.has_eval = self.meta.splits.get("eval") is not None and self.meta.splits["eval"].instances > 0
-        self.metrics = MetricsLog(args.out / METRICS_FILE, context.is_main)
+        self.metrics = MetricsLog(args.out / METRICS_FILE if context.is_main else None, append=True)
         self.step, self.elapsed_s = 0, 0.0
         torch.manual_seed(args.seed + 1 + context.rank)  # dropout differs per process
         if args.resume:
@@ -197,7 +183,7 @@ class Trainer:
         self._save()
         if completed:
             self._save_final()
-        return TrainResult(self.step, completed, last_train, last_eval, args.out, self.elapsed_s)
+        return TrainResult(self.step, self.elapsed_s, completed, last_train, last_eval)
 
     def _done(self) -> bool:
         return self.step >= self.args.max_steps or self.schedule.finished(self.step, self.elapsed_s)
@@ -236,9 +222,9 @@ class Trainer:
             with sync:
                 output, batch = self._forward(chunk)
                 sums = _batch_sums(output, batch)
-                loss = (sums[0] / global_masked + sums[3] / args.batch_size) * context.world_size
+                loss = (sums.mlm_loss_sum / global_masked + sums.nsp_loss_sum / args.batch_size) * context.world_size
                 loss.backward()
-            window.add(*sums)
+            window.add(sums)
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
         self.lr = self.schedule.apply(self.step, self.elapsed_s)
@@ -302,7 +288,7 @@ class Trainer:
             for batch, source in self._eval_inputs():
                 with torch.autocast(self.context.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
                     output = self.model(**batch)
-                sums.add(*_batch_sums(output, batch))
+                sums.add(_batch_sums(output, batch))
                 per_source += _source_sums(output, batch, source, sources)
         finally:
             self.model.train()
@@ -352,10 +338,8 @@ class Trainer:
             (self.args.out / ARGS_FILE).write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def _batch_sums(
-    output: PreTrainingOutput, batch: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, int, torch.Tensor]:
-    """(MLM loss sum, masked tokens, MLM hits, NSP loss sum, sequences, NSP hits) of one forward pass."""
+def _batch_sums(output: PreTrainingOutput, batch: dict[str, torch.Tensor]) -> BatchSums:
+    """The loss sums, counts and hits of one forward pass."""
     labels = batch["labels"]
     targets = labels[labels != IGNORE_INDEX]  # lines up with the rows of prediction_logits
     masked = int(targets.numel())
@@ -363,7 +347,7 @@ def _batch_sums(
     assert output.mlm_loss is not None and output.nsp_loss is not None
     mlm_hits = (output.prediction_logits.argmax(-1) == targets).sum()
     nsp_hits = (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).sum()
-    return output.mlm_loss * masked, masked, mlm_hits, output.nsp_loss * sequences, sequences, nsp_hits
+    return BatchSums(output.mlm_loss * masked, masked, mlm_hits, output.nsp_loss * sequences, sequences, nsp_hits)
 
 
 def _source_sums(

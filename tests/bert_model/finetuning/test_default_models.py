@@ -41,7 +41,7 @@ def test_default_model_folders_are_small_composites(name) -> None:
 
 def features_and_rows(name, build, *args, **kwargs):
     from bert_model.finetuning.inference import predict_rows
-    from bert_model.finetuning.run import make_recipe
+    from bert_model.finetuning.recipes import make_recipe
     from bert_model.heads import MODEL_CLASSES
 
     folder = built(name)

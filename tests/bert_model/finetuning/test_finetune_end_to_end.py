@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from bert_model.finetuning.options import ClassifyOptions, FinetuneRun, NEROptions, QAOptions, TrainingOptions
-from bert_model.finetuning.run import evaluate_model, finetune, make_recipe
+from bert_model.finetuning.recipes import make_recipe
+from bert_model.finetuning.run import evaluate_model, finetune
 from bert_model.heads import BertForSequenceClassification
 from bert_model.tokenization import BertTokenizer
 from bert_model.weights import read_state_dict

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bert_model.pretraining.metrics import read_metrics
+from bert_model.training import read_metrics
 from bertserve.cli import build_app
 
 RUNNER = CliRunner()

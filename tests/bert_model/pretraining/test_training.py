@@ -13,12 +13,12 @@ import torch.nn.functional as F
 
 from bert_model.heads import BertForPreTraining
 from bert_model.pretraining.dataset import InstanceStream, collate
-from bert_model.pretraining.metrics import read_metrics
-from bert_model.pretraining.optim import Lamb, WarmupLinearSchedule, build_optimizer, lr_multiplier, parameter_groups
+from bert_model.pretraining.optim import Lamb, WarmupLinearSchedule, build_optimizer
 from bert_model.pretraining.shards import DataMeta
 from bert_model.pretraining.trainer import pretrain
 from bert_model.pretraining.training_args import TrainingArgs
 from bert_model.tokenization import BertTokenizer
+from bert_model.training import lr_multiplier, parameter_groups, read_metrics
 from tests.bert_model.pretraining.attention_probe import layer0_attention_logits, real_batch
 
 
@@ -44,7 +44,7 @@ def _train_losses(out: Path) -> list[float]:
 
 def test_loss_falls_and_the_run_folder_loads(data_folder: Path, tiny_config: Path, tmp_path: Path) -> None:
     result = pretrain(_args(data_folder, tmp_path, tiny_config, max_steps=60, batch_size=16, eval_every=30))
-    assert result.completed and result.step == 60
+    assert result.completed and result.steps == 60
     losses = _train_losses(tmp_path)
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.5, losses
     evals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "eval"]
@@ -67,9 +67,9 @@ def test_resume_repeats_the_uninterrupted_run(data_folder: Path, tiny_config: Pa
     common = {"max_steps": 10, "micro_batch_size": 4}
     straight = pretrain(_args(data_folder, tmp_path / "straight", tiny_config, **common))
     first = pretrain(_args(data_folder, tmp_path / "split", tiny_config, stop_after=5, **common))
-    assert not first.completed and first.step == 5
+    assert not first.completed and first.steps == 5
     second = pretrain(_args(data_folder, tmp_path / "split", tiny_config, resume=True, **common))
-    assert second.completed and second.step == 10
+    assert second.completed and second.steps == 10
     assert math.isclose(second.last_train["loss"], straight.last_train["loss"], abs_tol=1e-4)
     a, b = _train_losses(tmp_path / "straight"), _train_losses(tmp_path / "split")
     assert len(a) == len(b) == 10
@@ -191,10 +191,20 @@ def test_warmup_then_linear_decay() -> None:
     assert all(a >= b for a, b in itertools.pairwise(values[10:]))
 
 
+def test_the_log_records_each_steps_learning_rate_unrounded(
+    data_folder: Path, tiny_config: Path, tmp_path: Path
+) -> None:
+    args = _args(data_folder, tmp_path, tiny_config, max_steps=6, warmup_steps=3, learning_rate=1.234567e-5)
+    pretrain(args)
+    logged = [r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+    expected = [args.learning_rate * lr_multiplier(step, 3, args.max_steps) for step in range(args.max_steps)]
+    assert logged == pytest.approx(expected, rel=1e-12)
+
+
 def test_time_budget_ends_the_schedule(data_folder: Path, tiny_config: Path, tmp_path: Path) -> None:
     result = pretrain(_args(data_folder, tmp_path, tiny_config, max_steps=10**6, time_budget_minutes=0.03))
-    assert result.completed and 1 < result.step < 10**6
-    assert 1.8 <= result.elapsed_s < 4.0
+    assert result.completed and 1 < result.steps < 10**6
+    assert 1.8 <= result.seconds < 4.0
     lrs = [r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
     assert lrs[-1] < 0.1 * max(lrs)  # decayed (nearly) to zero as the time ran out
     assert (tmp_path / "model.safetensors").is_file()
