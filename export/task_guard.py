@@ -41,6 +41,7 @@ from bert_model.tasks.classification import build_classification_features
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import build_ner_features, ner_word_predictions
 from bert_model.tasks.qa import build_qa_features, qa_predictions
+from bert_model.tasks.windows import fit_ner_window, fit_qa_window
 from bert_model.tokenization import BertTokenizer
 from export.guard_data import default_eval_file, read_texts
 from export.parity import AGREEMENT, EVAL_SET, Outputs, ParityResult, Scored, judge_task
@@ -51,9 +52,8 @@ Rows = dict[str, list[np.ndarray]]
 """Per output name, one row per feature (in feature order), without padding."""
 SEQUENCE_OUTPUTS = ("start_logits", "end_logits")
 DEFAULT_GUARD_LIMIT = 1000
-"""Examples judged by default. A 1-point F1 guard needs hundreds of questions: one SQuAD question weighs 100 / N
-points, and on 256 questions openvino-int8 of minilm-squad measured -0.96 where 1500 give -0.15. 1000 keeps the
-export of minilm-squad near a minute and a half on 2 cores."""
+"""Examples judged by default: a 1-point F1 guard needs hundreds of questions (one weighs 100 / N F1 points), and
+a thousand still keep an export short (the README's export section has the measurements)."""
 TaskOptions = ClassifyOptions | QAOptions | NEROptions
 
 
@@ -178,17 +178,14 @@ def served_task_settings(task: str, config: BertConfig, max_len: int) -> dict[st
 
 
 def fit_options(options: TaskOptions, max_len: int) -> TaskOptions:
-    """`options` with windows of at most `max_len` tokens (question and strides shrunk to fit, as the service does)."""
-    if options.max_seq_length <= max_len:
-        return options
+    """`options` with windows of at most `max_len` tokens, fitted by `bert_model.tasks.windows` as the service
+    fits the manifest's settings."""
     if isinstance(options, QAOptions):
-        query = min(options.max_query_length, (max_len - 3) // 2)
-        room = max_len - query - 3
-        stride = min(options.doc_stride, room // 2)
-        return replace(options, max_seq_length=max_len, max_query_length=query, doc_stride=stride)
+        window = fit_qa_window(max_len, options.max_query_length, options.doc_stride, options.max_seq_length)
+        return replace(options, **window._asdict())
     if isinstance(options, NEROptions):
-        return replace(options, max_seq_length=max_len, stride=min(options.stride, (max_len - 2) // 4))
-    return replace(options, max_seq_length=max_len)
+        return replace(options, **fit_ner_window(max_len, options.stride, options.max_seq_length)._asdict())
+    return replace(options, max_seq_length=min(options.max_seq_length, max_len))
 
 
 def eval_set_guard(
@@ -233,10 +230,13 @@ def agreement_guard(
 
 
 _WINDOW_SETTINGS = ("max_seq_length", "doc_stride", "max_query_length", "max_answer_length", "stride")
-Decoder = tuple[list[Feature], Callable[[Rows], Scored]]
+FeaturesAndDecode = tuple[list[Feature], Callable[[Rows], Scored]]
+"""The guard's features, and the function that turns a model's rows on them into predictions."""
 
 
-def _qa_answers(tokenizer: BertTokenizer, fitted: QAOptions, rows: list[tuple[str, ...]], source: str) -> Decoder:
+def _qa_answers(
+    tokenizer: BertTokenizer, fitted: QAOptions, rows: list[tuple[str, ...]], source: str
+) -> FeaturesAndDecode:
     if any(len(row) < 2 for row in rows):
         raise ValueError(f"{source}: qa guard inputs need a question and a context on each line, separated by a tab")
     features = build_qa_features(
@@ -257,7 +257,9 @@ def _qa_answers(tokenizer: BertTokenizer, fitted: QAOptions, rows: list[tuple[st
     return list(features), decode
 
 
-def _ner_tags(tokenizer: BertTokenizer, fitted: NEROptions, rows: list[tuple[str, ...]], labels: list[str]) -> Decoder:
+def _ner_tags(
+    tokenizer: BertTokenizer, fitted: NEROptions, rows: list[tuple[str, ...]], labels: list[str]
+) -> FeaturesAndDecode:
     texts = [row[0] for row in rows]
     features = build_ner_features(tokenizer, texts, max_seq_length=fitted.max_seq_length, stride=fitted.stride)
 
@@ -269,7 +271,7 @@ def _ner_tags(tokenizer: BertTokenizer, fitted: NEROptions, rows: list[tuple[str
 
 def _classify_labels(
     task: str, tokenizer: BertTokenizer, fitted: TaskOptions, rows: list[tuple[str, ...]], labels: list[str]
-) -> Decoder:
+) -> FeaturesAndDecode:
     pairs = [row[1] for row in rows] if rows and all(len(row) > 1 for row in rows) else None
     texts = [row[0] for row in rows]
     features = build_classification_features(tokenizer, texts, pairs, max_seq_length=fitted.max_seq_length)

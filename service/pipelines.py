@@ -23,6 +23,7 @@ from bert_model.tasks.classification import build_classification_features, class
 from bert_model.tasks.features import Feature
 from bert_model.tasks.ner import build_ner_features, ner_postprocess
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
+from bert_model.tasks.windows import fit_ner_window, fit_qa_window
 from bert_model.tokenization import BertTokenizer, InputTooLongError
 from service.bundles import ServingBundle
 from service.errors import BackendError, InputTooLong, InvalidInput
@@ -100,16 +101,15 @@ def qa_windows(settings: Mapping[str, Any], capacity: int) -> QAWindows:
     """QA windows from a manifest's `task_settings`, at most `capacity` tokens (the graph's max_seq_length).
 
     Stored settings that fit the graph are used as they are (what `bertserve evaluate` uses); without them, or
-    with a longer stored window, the window is the graph's length, shrunk as export's guard shrinks it: the
-    question at most half of it, the stride at most half of the context room.
+    with a longer stored window, the window is the graph's length, fitted by `bert_model.tasks.windows` as
+    export's guard fits it.
     """
-    stored = _setting(settings, "max_seq_length", capacity, minimum=8)
-    query = _setting(settings, "max_query_length", QA_MAX_QUESTION_TOKENS)
-    stride = _setting(settings, "doc_stride", QA_DEFAULT_STRIDE, minimum=0)
-    length = min(stored, capacity)
-    if stored > capacity or "max_seq_length" not in settings:
-        query = min(query, (length - 3) // 2)
-        stride = min(stride, (length - query - 3) // 2)
+    length, query, stride = fit_qa_window(
+        capacity,
+        _setting(settings, "max_query_length", QA_MAX_QUESTION_TOKENS),
+        _setting(settings, "doc_stride", QA_DEFAULT_STRIDE, minimum=0),
+        _stored_length(settings),
+    )
     if stride >= length - query - 3:
         raise ValueError(
             f"manifest task_settings: doc_stride {stride} must be smaller than the context tokens of a window "
@@ -127,17 +127,20 @@ def qa_windows(settings: Mapping[str, Any], capacity: int) -> QAWindows:
 
 def ner_windows(settings: Mapping[str, Any], capacity: int) -> tuple[int, int]:
     """NER (window length, stride) from a manifest's `task_settings`, at most `capacity` tokens (fitted as
-    `qa_windows` fits: the stride at most a quarter of a window that is the graph's length)."""
-    stored = _setting(settings, "max_seq_length", capacity, minimum=8)
-    stride = _setting(settings, "stride", NER_DEFAULT_STRIDE, minimum=0)
-    length = min(stored, capacity)
-    if stored > capacity or "max_seq_length" not in settings:
-        stride = min(stride, (length - 2) // 4)
+    `qa_windows` fits, by `bert_model.tasks.windows`)."""
+    length, stride = fit_ner_window(
+        capacity, _setting(settings, "stride", NER_DEFAULT_STRIDE, minimum=0), _stored_length(settings)
+    )
     if stride >= length - 2:
         raise ValueError(
             f"manifest task_settings: stride {stride} must be smaller than max_seq_length - 2 ({length - 2})"
         )
     return length, stride
+
+
+def _stored_length(settings: Mapping[str, Any]) -> int | None:
+    """The model's own window length, None for a bundle without one."""
+    return _setting(settings, "max_seq_length", 0, minimum=8) if "max_seq_length" in settings else None
 
 
 def _setting(settings: Mapping[str, Any], name: str, default: int, minimum: int = 1) -> int:
