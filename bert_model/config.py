@@ -14,6 +14,7 @@ from typing import Any
 
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "tanh")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
 META_KEY = "bertserve"
 """Key of config.json under which this project stores its own metadata (kept in `BertConfig.extra`): the task
 settings of a fine-tuned model (`task`), and the base model and adapter of a composite folder (`base_model`,
@@ -79,7 +80,9 @@ class BertConfig:
     id2label: dict[int, str] = field(default_factory=dict)
     """Label names of a classification / token-classification head, by class index."""
     problem_type: str | None = None
-    """`single_label_classification` or `regression` for sequence classification; None infers it."""
+    """Loss of sequence classification, as in Hugging Face: `regression` (MSE), `single_label_classification`
+    (cross-entropy over class ids), `multi_label_classification` (binary cross-entropy per label, on 0/1 float
+    labels); None infers it: regression for one output, else from the labels' dtype (integer: single-label)."""
     attn_implementation: str = "sdpa"
     """`sdpa` (torch scaled_dot_product_attention) or `eager` (explicit matmul-softmax, used for export)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -113,12 +116,14 @@ class BertConfig:
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if self.hidden_act not in SUPPORTED_ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {SUPPORTED_ACTIVATIONS}")
-        if self.attn_implementation not in ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(
-                f"attn_implementation {self.attn_implementation!r} is not one of {ATTENTION_IMPLEMENTATIONS}"
-            )
+        choices: dict[str, tuple[str | None, ...]] = {
+            "hidden_act": SUPPORTED_ACTIVATIONS,
+            "attn_implementation": ATTENTION_IMPLEMENTATIONS,
+            "problem_type": (None, *PROBLEM_TYPES),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {allowed}")
         if self.position_embedding_type != "absolute":
             raise ValueError(
                 f"position_embedding_type {self.position_embedding_type!r} is not supported (only 'absolute')"

@@ -152,7 +152,7 @@ class BertForPreTraining(PreTrainedMixin, nn.Module):
 
 # ---- fine-tuning heads --------------------------------------------------------------------------------
 class BertForSequenceClassification(PreTrainedMixin, nn.Module):
-    """[CLS] -> pooler -> dropout -> linear. Cross-entropy loss (or MSE for one-output regression)."""
+    """[CLS] -> pooler -> dropout -> linear. The loss follows `config.problem_type` (see `problem_type_of`)."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -164,11 +164,14 @@ class BertForSequenceClassification(PreTrainedMixin, nn.Module):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.init_weights()
 
-    @property
-    def is_regression(self) -> bool:
-        return self.config.problem_type == "regression" or (
-            self.config.num_labels == 1 and self.config.problem_type is None
-        )
+    def problem_type_of(self, labels: torch.Tensor) -> str:
+        """`config.problem_type`, or when None what Hugging Face infers: regression for one output, else
+        single-label for integer labels and multi-label for float ones."""
+        if self.config.problem_type is not None:
+            return self.config.problem_type
+        if self.config.num_labels == 1:
+            return "regression"
+        return "multi_label_classification" if labels.is_floating_point() else "single_label_classification"
 
     def forward(
         self,
@@ -182,11 +185,18 @@ class BertForSequenceClassification(PreTrainedMixin, nn.Module):
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
         output = SequenceClassifierOutput(logits=logits)
         if labels is not None:
-            if self.is_regression:
-                output.loss = F.mse_loss(logits.float().squeeze(-1), labels.float().view(-1))
-            else:
-                output.loss = F.cross_entropy(logits.float(), labels.view(-1))
+            output.loss = self._loss(logits.float(), labels)
         return output
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        problem = self.problem_type_of(labels)
+        if problem == "regression" and self.config.num_labels == 1:
+            return F.mse_loss(logits.squeeze(-1), labels.float().view(-1))  # (B,) against (B,) or (B, 1)
+        if problem == "regression":
+            return F.mse_loss(logits, labels.float())  # (B, num_labels)
+        if problem == "multi_label_classification":
+            return F.binary_cross_entropy_with_logits(logits, labels.float())  # (B, num_labels) of 0/1
+        return F.cross_entropy(logits, labels.view(-1))
 
 
 class BertForTokenClassification(PreTrainedMixin, nn.Module):

@@ -42,6 +42,7 @@ def test_hidden_not_divisible_by_heads_is_refused_with_hint() -> None:
         ("hidden_act", "swish2", "hidden_act 'swish2' is not one of"),
         ("attn_implementation", "flash", "attn_implementation 'flash'"),
         ("position_embedding_type", "relative_key", "not supported"),
+        ("problem_type", "multi_class", "problem_type 'multi_class' is not one of"),
     ],
 )
 def test_nonsense_is_refused(field: str, value: object, message: str) -> None:

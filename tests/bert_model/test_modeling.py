@@ -131,9 +131,11 @@ def test_classification_losses() -> None:
     out = model(**batch(), labels=labels)
     torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels))
     regression = BertForSequenceClassification(TINY.with_labels(["score"])).eval()
-    assert regression.is_regression
-    out = regression(**batch(), labels=torch.tensor([0.5, 1.0, -1.0]))
+    scores = torch.tensor([0.5, 1.0, -1.0])
+    assert regression.problem_type_of(scores) == "regression"
+    out = regression(**batch(), labels=scores)
     assert out.loss is not None and out.logits.shape == (3, 1)
+    torch.testing.assert_close(out.loss, torch.nn.functional.mse_loss(out.logits.squeeze(-1), scores))
 
 
 def test_token_classification_ignores_minus_100() -> None:

@@ -131,3 +131,42 @@ def test_minilm_builtin_name_matches_hf(real_batch) -> None:
     with torch.no_grad():
         ours_out, theirs_out = ours(**real_batch), theirs(**real_batch)
     assert max_diff(ours_out, theirs_out, ("last_hidden_state", "pooler_output")) <= TOLERANCE
+
+
+def _labels(kind: str, num: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(4)
+    if kind == "class":
+        return torch.randint(0, num, (4,), generator=generator)
+    if kind == "multi_hot":
+        return torch.randint(0, 2, (4, num), generator=generator).float()
+    return torch.randn((4, num) if num > 1 else (4,), generator=generator)
+
+
+@pytest.mark.parametrize(
+    ("problem_type", "labels", "kind"),
+    [
+        ("single_label_classification", 3, "class"),
+        ("multi_label_classification", 3, "multi_hot"),
+        ("regression", 1, "real"),
+        ("regression", 3, "real"),
+        (None, 3, "class"),  # inferred: integer labels, several outputs
+        (None, 3, "multi_hot"),  # inferred: float labels, several outputs
+        (None, 1, "real"),  # inferred: one output
+    ],
+)
+def test_sequence_classification_loss_matches_hf_for_every_problem_type(
+    problem_type: str | None, labels: int, kind: str, tmp_path: Path
+) -> None:
+    torch.manual_seed(5)
+    hf_config = tiny_hf_config(labels)
+    hf_config.problem_type = problem_type
+    theirs = transformers.BertForSequenceClassification(hf_config).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = BertForSequenceClassification.from_pretrained(tmp_path)
+    assert ours.config.problem_type == problem_type
+    targets = _labels(kind, labels)
+    with torch.no_grad():
+        expected = theirs(**tiny_batch(), labels=targets).loss
+        loss = ours(**tiny_batch(), labels=targets).loss
+    assert loss is not None
+    torch.testing.assert_close(loss, expected, atol=TOLERANCE, rtol=TOLERANCE)
