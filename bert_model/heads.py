@@ -24,12 +24,14 @@ IGNORE_INDEX = -100
 # ---- outputs ------------------------------------------------------------------------------------------
 @dataclass
 class PreTrainingOutput:
-    prediction_logits: torch.Tensor
-    """Masked-LM logits over the vocabulary: (B, S, V) without labels; with labels only the labelled
-    positions are decoded (the vocabulary projection dominates the head's cost), giving (M, V) for the
-    M positions where labels != -100, in row-major order (`labels[labels != -100]` lines up with it)."""
     seq_relationship_logits: torch.Tensor
     """(B, 2) next-sentence logits: index 0 = IsNext, 1 = NotNext (BERT's convention)."""
+    prediction_logits: torch.Tensor | None = None
+    """(B, S, V) masked-LM logits at every position (Hugging Face's field); given when no labels are."""
+    masked_lm_logits: torch.Tensor | None = None
+    """(M, V) masked-LM logits of the M labelled positions (labels != -100) only, in row-major order
+    (`labels[labels != -100]` lines up with it); given instead of `prediction_logits` when labels are, since the
+    vocabulary projection dominates the head's cost."""
     loss: torch.Tensor | None = None
     mlm_loss: torch.Tensor | None = None
     nsp_loss: torch.Tensor | None = None
@@ -123,15 +125,13 @@ class BertForPreTraining(PreTrainedMixin, nn.Module):
     ) -> PreTrainingOutput:
         encoded = self.bert(input_ids, attention_mask, token_type_ids)
         assert encoded.pooler_output is not None
-        if labels is None:
-            mlm_logits = self.cls.predictions(encoded.last_hidden_state)
-        else:
-            # Decode only the labelled positions: the vocabulary projection dominates the head's cost.
-            mlm_logits = self._sparse_mlm_logits(encoded.last_hidden_state, labels)
         nsp_logits = self.cls.seq_relationship(encoded.pooler_output)
-        output = PreTrainingOutput(prediction_logits=mlm_logits, seq_relationship_logits=nsp_logits)
-        if labels is not None:
-            output.mlm_loss = self._mlm_loss(output.prediction_logits, labels)
+        output = PreTrainingOutput(seq_relationship_logits=nsp_logits)
+        if labels is None:
+            output.prediction_logits = self.cls.predictions(encoded.last_hidden_state)  # (B, S, V)
+        else:
+            output.masked_lm_logits = self._sparse_mlm_logits(encoded.last_hidden_state, labels)  # (M, V)
+            output.mlm_loss = self._mlm_loss(output.masked_lm_logits, labels)
             output.loss = output.mlm_loss
         if next_sentence_label is not None:
             output.nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.view(-1))

@@ -341,11 +341,11 @@ class Trainer:
 def _batch_sums(output: PreTrainingOutput, batch: dict[str, torch.Tensor]) -> BatchSums:
     """The loss sums, counts and hits of one forward pass."""
     labels = batch["labels"]
-    targets = labels[labels != IGNORE_INDEX]  # lines up with the rows of prediction_logits
+    targets = labels[labels != IGNORE_INDEX]  # lines up with the rows of masked_lm_logits
     masked = int(targets.numel())
     sequences = int(labels.shape[0])
-    assert output.mlm_loss is not None and output.nsp_loss is not None
-    mlm_hits = (output.prediction_logits.argmax(-1) == targets).sum()
+    assert output.masked_lm_logits is not None and output.mlm_loss is not None and output.nsp_loss is not None
+    mlm_hits = (output.masked_lm_logits.argmax(-1) == targets).sum()
     nsp_hits = (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).sum()
     return BatchSums(output.mlm_loss * masked, masked, mlm_hits, output.nsp_loss * sequences, sequences, nsp_hits)
 
@@ -357,7 +357,8 @@ def _source_sums(
     labels = batch["labels"]
     chosen = labels != IGNORE_INDEX
     row_of_prediction = chosen.nonzero()[:, 0].cpu()  # prediction rows follow the chosen positions row-major
-    mlm_hit = (output.prediction_logits.argmax(-1) == labels[chosen]).double().cpu()
+    assert output.masked_lm_logits is not None
+    mlm_hit = (output.masked_lm_logits.argmax(-1) == labels[chosen]).double().cpu()
     nsp_hit = (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).double().cpu()
     prediction_source = source[row_of_prediction]
     return torch.stack(

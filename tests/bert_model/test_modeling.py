@@ -101,14 +101,15 @@ def test_pretraining_loss_only_with_labels_and_only_on_labelled_positions() -> N
     model = BertForPreTraining(TINY).eval()
     inputs = batch()
     out = model(**inputs)
-    assert out.loss is None and out.prediction_logits.shape == (3, 11, 99)
+    assert out.loss is None and out.prediction_logits.shape == (3, 11, 99) and out.masked_lm_logits is None
     labels = torch.full((3, 11), -100)
     labels[0, 2], labels[2, 4] = 7, 9
     nsp = torch.tensor([0, 1, 0])
     with torch.no_grad():
         out = model(**inputs, labels=labels, next_sentence_label=nsp)
         full = model(**inputs).prediction_logits
-    assert out.prediction_logits.shape == (2, 99)
+    assert out.prediction_logits is None and out.masked_lm_logits.shape == (2, 99)
+    torch.testing.assert_close(out.masked_lm_logits, full[labels != -100])
     expected_mlm = torch.nn.functional.cross_entropy(full[labels != -100], labels[labels != -100])
     expected_nsp = torch.nn.functional.cross_entropy(out.seq_relationship_logits, nsp)
     torch.testing.assert_close(out.mlm_loss, expected_mlm)
