@@ -1,4 +1,4 @@
-"""Accuracy guards: the rules that accept or refuse an exported variant against the PyTorch fp32 model (issue 5).
+"""Accuracy guards: the rules that accept or refuse an exported variant against the PyTorch fp32 model.
 
 - fp32 graphs: max |diff| <= FP32_MAX_ABS_DIFF on every output, PyTorch and the graph run on the same batches
   (per-token outputs compared at real, non-padding positions only: padded positions carry no answer).

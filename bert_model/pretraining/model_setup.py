@@ -7,7 +7,7 @@ embeddings. In both cases the data's `max_seq_length` must fit the model's posit
 vocabulary must be the model's. A fresh model may start its (learned) position embeddings from sinusoids
 instead of noise (`position_init="sinusoidal"`, see `sinusoidal_positions_`), and its attention from W_k = W_q
 (`attention_init="mimetic"`) or with layer 0 reading the neighbouring tokens (`attention_init="local"`, see
-local_attention.py: the start that leaves the masked-LM plateau on a CPU budget).
+local_attention.py).
 """
 
 from __future__ import annotations
@@ -58,8 +58,7 @@ def mimetic_attention_(model: BertForPreTraining, self_logit: float = MIMETIC_SE
     Self-Attention Layers"), W_q W_k^T near a multiple of the identity. Each token first attends to tokens like
     itself and, with sinusoidal positions, to its neighbours, which is where masked LM's signal is, instead of
     uniformly to all. Weights stay N(0, std), with the std chosen so that a token's logit against itself
-    (x . x = hidden_size after LayerNorm) is `self_logit`. Measured on the README's 8-minute `mini` probes: no
-    gain over BERT's start (held-out MLM accuracy 13.1% vs 13.0%); kept as an option for longer runs."""
+    (x . x = hidden_size after LayerNorm) is `self_logit`."""
     config = model.config
     head_dim = config.hidden_size // config.num_attention_heads
     std = math.sqrt(self_logit * math.sqrt(head_dim) / (head_dim * config.hidden_size))
@@ -74,8 +73,7 @@ def unigram_mlm_bias_(model: BertForPreTraining, counts: np.ndarray, special_ids
     """Start the MLM decoder's bias at the log frequency of each token in the training text (add-one smoothed;
     special tokens, never a target, at the smallest value): the initial prediction is the unigram prior instead
     of uniform ("initialise the final layer's bias to the log prior", standard practice for imbalanced classes:
-    Adam moves each bias by about the learning rate per step, and the log frequencies span more than 10 nats).
-    Measured on the README's 8-minute `mini` probes: held-out MLM accuracy 13.4% vs 13.0% with a zero bias."""
+    Adam moves each bias by about the learning rate per step, and the log frequencies span more than 10 nats)."""
     bias = model.cls.predictions.bias
     if counts.shape != (bias.numel(),):
         raise ValueError(f"token counts cover {counts.shape[0]} ids but the vocabulary has {bias.numel()}")

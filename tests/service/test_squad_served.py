@@ -1,4 +1,4 @@
-"""Issue 6 acceptance on real data: the served default `minilm-squad` answers SQuAD paragraphs as `bertserve evaluate`.
+"""On real data, the served default `minilm-squad` answers SQuAD paragraphs as `bertserve evaluate` does.
 
 The real server (`bertserve serve` on free ports, torch unimportable) serves the `artifacts/bundles/minilm-squad`
 bundle through its default variant, exactly as `make serve` does (OpenVINO int8 on this CPU with the `openvino`
@@ -6,9 +6,8 @@ extra installed). LIMIT evenly spaced questions of SQuAD v1.1 dev-half-a (the on
 LIMIT` scores) go to it over REST and over gRPC with the service's defaults. `bertserve evaluate --predictions`
 answers the same questions with the PyTorch fp32 model on its training windows (256 tokens, doc_stride 128,
 max_answer_length 30); the service reads the same settings from the bundle manifest's `task_settings` (a bundle
-exported before them was served on the graph's 512-token windows with max_answer_len 15), with a
-reduced-precision graph. Every disagreement is attributed by recomputing the served variant's answers offline
-with `bert_model.tasks`:
+without them is served on the graph's own windows), with a reduced-precision graph. Every disagreement is
+attributed by recomputing the served variant's answers offline with `bert_model.tasks`:
 - `windows`: the variant's answer changes between evaluate's windows and the service's (none when they agree);
 - `precision`: in evaluate's windows, the variant's answer differs from PyTorch fp32's;
 - `service`: the served answer differs from the variant's own offline answer (batching, padding): must stay rare.
