@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Task = Literal["classify", "qa", "ner", "embed"]
-TASKS: tuple[str, ...] = ("classify", "qa", "ner", "embed")
+Task = Literal["classify", "qa", "ner", "embed", "fill-mask"]
+TASKS: tuple[str, ...] = ("classify", "qa", "ner", "embed", "fill-mask")
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 FORMAT_VERSION = 1
@@ -31,6 +31,7 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "qa": ("start_logits", "end_logits"),  # (batch_size, sequence_length) each
     "ner": ("logits",),  # (batch_size, sequence_length, num_labels)
     "embed": ("last_hidden_state",),  # (batch_size, sequence_length, hidden)
+    "fill-mask": ("logits",),  # (batch_size, sequence_length, vocab_size): the masked-LM head's scores
 }
 
 DYNAMIC_AXES: dict[str, dict[int, str]] = {
@@ -39,6 +40,7 @@ DYNAMIC_AXES: dict[str, dict[int, str]] = {
     "token_type_ids": {0: "batch_size", 1: "sequence_length"},
     "logits@classify": {0: "batch_size"},
     "logits@ner": {0: "batch_size", 1: "sequence_length"},
+    "logits@fill-mask": {0: "batch_size", 1: "sequence_length"},
     "start_logits": {0: "batch_size", 1: "sequence_length"},
     "end_logits": {0: "batch_size", 1: "sequence_length"},
     "last_hidden_state": {0: "batch_size", 1: "sequence_length"},
@@ -95,7 +97,8 @@ class BundleManifest:
     task_settings: dict[str, Any] = field(default_factory=dict)
     """The model's own task settings (as `bertserve evaluate` reads them, fitted to `max_seq_length`): for qa
     max_seq_length, doc_stride, max_query_length, max_answer_length (and version_2, null_threshold); for ner
-    max_seq_length, stride. The service's defaults; empty (bundles written before it) = the service's own."""
+    max_seq_length, stride; for embed pooling ("mean" | "cls" | "max") and normalize (bool); for fill-mask
+    mask_token. The service's defaults; empty (bundles written before it) = the service's own."""
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
