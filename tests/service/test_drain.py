@@ -52,6 +52,7 @@ class Tally:
 def http_client(url: str, path: str, tally: Tally, stop: threading.Event) -> None:
     with httpx.Client(base_url=url, timeout=30) as client:
         while not stop.is_set():  # until refused (or the test's own deadline)
+            sent = time.monotonic()
             try:
                 response = client.post(path, json=BODIES[path])
             except httpx.ConnectError:
@@ -61,7 +62,8 @@ def http_client(url: str, path: str, tally: Tally, stop: threading.Event) -> Non
                 tally.add("reset", f"{path}: {type(error).__name__}: {error}")
                 continue
             tally.add(str(response.status_code))
-            if tally.signal_at is not None and response.status_code == 200:
+            # sent well after the signal (its handling takes a moment): served during the drain
+            if tally.signal_at is not None and sent > tally.signal_at + 0.5 and response.status_code == 200:
                 with tally.lock:
                     tally.served_after_signal += 1
                     tally.closing_after_signal += response.headers.get("connection") == "close"
