@@ -1,0 +1,86 @@
+"""Sentence embeddings from an encoder's token states: pooling, L2 normalization, dimension truncation.
+
+Pooling follows sentence-transformers' `Pooling` module (sentence_transformers/models/Pooling.py):
+- mean: the average of the token vectors under the attention mask (sum / max(count, 1e-9));
+- cls: the first token's vector ([CLS]);
+- max: the element-wise maximum over the tokens under the mask (masked positions set to -1e9 first).
+`l2_normalize` is `torch.nn.functional.normalize(p=2, dim=-1, eps=1e-12)`; `truncate_dimensions` keeps the
+first `dimensions` components and renormalizes, as OpenAI's `dimensions` option and Matryoshka models do.
+Torch-free: numpy only; computed in float32 like the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from bert_model.tasks.features import Feature, feature_row
+
+Pooling = Literal["mean", "cls", "max"]
+POOLING_MODES: tuple[str, ...] = ("mean", "cls", "max")
+NORMALIZE_EPS = 1e-12
+MASKED_MAX = -1e9
+"""The value masked positions take before max pooling (sentence-transformers' choice)."""
+
+
+def pool(last_hidden_state: ArrayLike, attention_mask: ArrayLike, mode: str = "mean") -> np.ndarray:
+    """(B, S, H) token states and a (B, S) 0/1 mask -> (B, H) sentence vectors (float32)."""
+    states = np.asarray(last_hidden_state, dtype=np.float32)
+    mask = np.asarray(attention_mask)
+    if states.ndim != 3:
+        raise ValueError(f"last_hidden_state must have shape (batch, sequence, hidden), got {states.shape}")
+    if mask.shape != states.shape[:2]:
+        raise ValueError(f"attention_mask has shape {mask.shape}, expected {states.shape[:2]}")
+    weights = mask.astype(np.float32)[:, :, None]  # (B, S, 1)
+    if mode == "mean":
+        total = (states * weights).sum(axis=1)  # (B, H)
+        count = np.maximum(weights.sum(axis=1), 1e-9)  # (B, 1)
+        return (total / count).astype(np.float32)
+    if mode == "cls":
+        return states[:, 0].copy()
+    if mode == "max":
+        return np.where(weights > 0, states, np.float32(MASKED_MAX)).max(axis=1)
+    raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {mode!r}")
+
+
+def l2_normalize(vectors: ArrayLike) -> np.ndarray:
+    """Each row divided by its Euclidean norm (at least 1e-12, so a zero row stays zero), float32."""
+    values = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(values, axis=-1, keepdims=True)
+    return (values / np.maximum(norms, NORMALIZE_EPS)).astype(np.float32)
+
+
+def truncate_dimensions(vectors: ArrayLike, dimensions: int) -> np.ndarray:
+    """The first `dimensions` components of each row, L2-normalized again (unit length, like the input)."""
+    values = np.asarray(vectors, dtype=np.float32)
+    size = values.shape[-1]
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= size:
+        raise ValueError(f"dimensions must be an integer between 1 and {size} (the model's size), got {dimensions!r}")
+    return l2_normalize(values[..., :dimensions])
+
+
+def embedding_postprocess(
+    features: Sequence[Feature],
+    last_hidden_state: Sequence[np.ndarray],
+    *,
+    pooling: str = "mean",
+    normalize: bool = True,
+    dimensions: int | None = None,
+) -> dict[int, list[float]]:
+    """Per request index: its sentence vector. One feature per input (no windows); each output row is that
+    feature's (S, H) token states, padded or not (the padding is left out of the pooling)."""
+    if len(features) != len(last_hidden_state):
+        raise ValueError(f"{len(last_hidden_state)} output rows for {len(features)} features")
+    results: dict[int, list[float]] = {}
+    for feature, output in zip(features, last_hidden_state, strict=True):
+        row = feature_row(feature, output, "last_hidden_state")  # (S, H)
+        vector = pool(row[None], np.ones((1, len(feature)), dtype=np.int64), pooling)
+        if dimensions is not None:
+            vector = truncate_dimensions(vector, dimensions)  # unit length whatever `normalize` says
+        elif normalize:
+            vector = l2_normalize(vector)
+        results[feature.request_index] = vector[0].tolist()
+    return results

@@ -1,0 +1,147 @@
+"""Fill-mask: the masked-LM head's best tokens at each mask position, shaped like Hugging Face's pipeline.
+
+Follows transformers' `FillMaskPipeline` (pipelines/fill_mask.py): at each mask position, the softmax over
+the vocabulary (over `targets` only when given), its `top_k` best as `{score, token, token_str, sequence}`,
+where `sequence` is the input with that one mask filled, decoded without padding; special tokens are left
+out of it when the input has one mask and kept when it has several (so the other masks stay visible).
+Unlike the pipeline, a target that is not one vocabulary entry is refused (the pipeline silently replaces it
+by its first word piece). Torch-free: numpy + tokenizers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypedDict
+
+import numpy as np
+
+from bert_model.tasks.features import Feature, feature_row
+from bert_model.tasks.numeric import softmax
+from bert_model.tokenization import BertTokenizer, Truncation
+
+DEFAULT_MASK_TOKEN = "[MASK]"
+
+
+class FillMaskResult(TypedDict):
+    score: float
+    token: int
+    token_str: str
+    sequence: str
+
+
+def mask_token_id(tokenizer: BertTokenizer, mask_token: str = DEFAULT_MASK_TOKEN) -> int:
+    """The id of `mask_token`; ValueError when the vocabulary has no such token."""
+    token_id = tokenizer.token_to_id(mask_token)
+    if token_id is None:
+        raise ValueError(f"the tokenizer has no mask token {mask_token!r}")
+    return token_id
+
+
+def target_ids(tokenizer: BertTokenizer, targets: Sequence[str]) -> list[int]:
+    """Vocabulary ids of `targets`, in order, without repeats. A target is a vocabulary entry (`paris`,
+    `##ing`) or a word the tokenizer turns into exactly one (`Paris` for an uncased model); anything else
+    raises ValueError naming it."""
+    if not targets:
+        raise ValueError("targets is empty: give at least one token, or leave targets out")
+    ids: list[int] = []
+    for index, target in enumerate(targets):
+        if not isinstance(target, str) or not target.strip():
+            raise ValueError(f"targets[{index}] must be a non-blank string, got {target!r}")
+        token_id = tokenizer.token_to_id(target)
+        if token_id is None:
+            pieces = tokenizer.backend.encode(target, add_special_tokens=False).ids
+            if len(pieces) != 1:
+                shown = tokenizer.convert_ids_to_tokens(pieces)
+                raise ValueError(
+                    f"targets[{index}] {target!r} is not one token of the vocabulary (it is {len(pieces)}: "
+                    f"{' '.join(shown)}); give single tokens"
+                )
+            token_id = pieces[0]
+        if token_id not in ids:
+            ids.append(token_id)
+    return ids
+
+
+def build_fill_mask_features(
+    tokenizer: BertTokenizer,
+    texts: Sequence[str],
+    *,
+    max_seq_length: int = 512,
+    truncation: Truncation = "longest_first",
+    mask_token: str = DEFAULT_MASK_TOKEN,
+) -> list[Feature]:
+    """One feature per text; each must hold `mask_token` (ValueError naming the text otherwise, also when
+    truncation cut every mask off)."""
+    mask_id = mask_token_id(tokenizer, mask_token)
+    features = []
+    for index, encoding in enumerate(tokenizer.encode_batch(texts, max_length=max_seq_length, truncation=truncation)):
+        if mask_id not in encoding.ids:
+            if mask_token in texts[index]:
+                raise ValueError(
+                    f"inputs[{index}]: every {mask_token} falls after the first {max_seq_length} tokens, which "
+                    "are all the model reads; move it earlier or shorten the text"
+                )
+            raise ValueError(f"inputs[{index}] has no mask token: put {mask_token} where a word should be predicted")
+        features.append(
+            Feature(request_index=index, input_ids=list(encoding.ids), token_type_ids=list(encoding.type_ids))
+        )
+    return features
+
+
+def fill_mask_postprocess(
+    tokenizer: BertTokenizer,
+    features: Sequence[Feature],
+    logits: Sequence[np.ndarray],
+    *,
+    top_k: int = 5,
+    targets: Sequence[int] | None = None,
+    mask_token: str = DEFAULT_MASK_TOKEN,
+) -> dict[int, list[list[FillMaskResult]]]:
+    """Per request index: for each mask position in order, the `top_k` best fills (at most len(targets))."""
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if len(features) != len(logits):
+        raise ValueError(f"{len(logits)} output rows for {len(features)} features")
+    mask_id = mask_token_id(tokenizer, mask_token)
+    candidates = None if targets is None else np.asarray(list(targets), dtype=np.int64)
+    results: dict[int, list[list[FillMaskResult]]] = {}
+    for feature, output in zip(features, logits, strict=True):
+        row = feature_row(feature, output, "logits")  # (S, V)
+        ids = np.asarray(feature.input_ids, dtype=np.int64)
+        positions = np.flatnonzero(ids == mask_id)
+        single = len(positions) == 1
+        results[feature.request_index] = [
+            _fill(tokenizer, ids, int(position), row[position], top_k, candidates, single) for position in positions
+        ]
+    return results
+
+
+def _fill(
+    tokenizer: BertTokenizer,
+    ids: np.ndarray,
+    position: int,
+    logits: np.ndarray,
+    top_k: int,
+    candidates: np.ndarray | None,
+    single: bool,
+) -> list[FillMaskResult]:
+    probabilities = softmax(logits)  # over the whole vocabulary, as the pipeline does
+    if candidates is not None:
+        probabilities = probabilities[candidates]
+    k = min(top_k, probabilities.shape[0])
+    best = np.argsort(-probabilities, kind="stable")[:k]
+    fills: list[FillMaskResult] = []
+    for choice in best:
+        token = int(choice if candidates is None else candidates[choice])
+        filled = ids.copy()
+        filled[position] = token
+        filled = filled[filled != tokenizer.pad_id]
+        fills.append(
+            {
+                "score": float(probabilities[choice]),
+                "token": token,
+                "token_str": tokenizer.decode([token], skip_special_tokens=False),
+                "sequence": tokenizer.decode(filled.tolist(), skip_special_tokens=single),
+            }
+        )
+    return fills
