@@ -1,4 +1,5 @@
-"""Task heads on top of BertModel: pretraining (MLM + NSP), sequence / token classification, extractive QA.
+"""Task heads on top of BertModel: pretraining (MLM + NSP), masked LM alone, sequence / token classification,
+extractive QA.
 
 References: Devlin et al. (2019), section 3.1 (masked LM and next-sentence prediction) and section 4 / figure 4
 (fine-tuning: [CLS] -> linear for classification, per-token linear for tagging, start/end vectors for SQuAD).
@@ -35,6 +36,13 @@ class PreTrainingOutput:
     loss: torch.Tensor | None = None
     mlm_loss: torch.Tensor | None = None
     nsp_loss: torch.Tensor | None = None
+
+
+@dataclass
+class MaskedLMOutput:
+    logits: torch.Tensor
+    """(B, S, V) masked-LM scores over the vocabulary at every position."""
+    loss: torch.Tensor | None = None
 
 
 @dataclass
@@ -148,6 +156,52 @@ class BertForPreTraining(PreTrainedMixin, nn.Module):
         if targets.numel() == 0:
             return logits.sum() * 0.0  # no masked position in the batch: zero loss, graph kept
         return F.cross_entropy(logits.float(), targets)
+
+
+class BertOnlyMLMHead(nn.Module):
+    """The masked-LM head alone, under the name Hugging Face's `BertForMaskedLM` uses (`cls.predictions`)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return self.predictions(sequence_output)
+
+
+class BertForMaskedLM(PreTrainedMixin, nn.Module):
+    """BERT with the masked-LM head only (no pooler, no NSP head): what fill-mask serves. Loads the checkpoints of
+    Hugging Face's `BertForMaskedLM` and `BertForPreTraining` (whose pooler and NSP head go unused)."""
+
+    tied_weights: ClassVar[dict[str, str]] = BertForPreTraining.tied_weights
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.init_weights()
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the MLM decoder matrix with the input word embeddings (one parameter, two uses)."""
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> MaskedLMOutput:
+        hidden = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state
+        logits = self.cls(hidden)  # (B, S, V)
+        output = MaskedLMOutput(logits=logits)
+        if labels is not None:
+            output.loss = F.cross_entropy(
+                logits.float().view(-1, self.config.vocab_size), labels.view(-1), ignore_index=IGNORE_INDEX
+            )
+        return output
 
 
 # ---- fine-tuning heads --------------------------------------------------------------------------------
@@ -270,6 +324,7 @@ def _classifier_dropout(config: BertConfig) -> float:
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "BertModel": BertModel,
     "BertForPreTraining": BertForPreTraining,
+    "BertForMaskedLM": BertForMaskedLM,
     "BertForSequenceClassification": BertForSequenceClassification,
     "BertForTokenClassification": BertForTokenClassification,
     "BertForQuestionAnswering": BertForQuestionAnswering,

@@ -11,6 +11,7 @@ import transformers
 
 from bert_model.config import BertConfig
 from bert_model.heads import (
+    BertForMaskedLM,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -28,6 +29,7 @@ LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 CLASSES = [
     (BertModel, transformers.BertModel, ("last_hidden_state", "pooler_output")),
     (BertForPreTraining, transformers.BertForPreTraining, ("prediction_logits", "seq_relationship_logits")),
+    (BertForMaskedLM, transformers.BertForMaskedLM, ("logits",)),
     (BertForSequenceClassification, transformers.BertForSequenceClassification, ("logits",)),
     (BertForTokenClassification, transformers.BertForTokenClassification, ("logits",)),
     (BertForQuestionAnswering, transformers.BertForQuestionAnswering, ("start_logits", "end_logits")),
@@ -170,3 +172,17 @@ def test_sequence_classification_loss_matches_hf_for_every_problem_type(
         loss = ours(**tiny_batch(), labels=targets).loss
     assert loss is not None
     torch.testing.assert_close(loss, expected, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def test_masked_lm_loads_a_pretraining_checkpoint(tmp_path: Path) -> None:
+    """`bertserve pretrain` writes BertForPreTraining folders; the masked-LM model reads their MLM head as is."""
+    torch.manual_seed(6)
+    theirs = transformers.BertForPreTraining(tiny_hf_config(2)).eval()
+    theirs.save_pretrained(tmp_path)
+    ours = BertForMaskedLM.from_pretrained(tmp_path)
+    assert ours.load_report.missing_head_keys == []
+    assert set(ours.load_report.unexpected_keys) >= {"cls.seq_relationship.weight", "bert.pooler.dense.weight"}
+    inputs = tiny_batch()
+    with torch.no_grad():
+        difference = (ours(**inputs).logits - theirs(**inputs).prediction_logits).abs().max()
+    assert float(difference) <= TOLERANCE
