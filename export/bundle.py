@@ -6,7 +6,9 @@ Steps: validate every option before any work; load the model (eager attention); 
 PyTorch fp32 on the guard's batches, decode both with `bertserve evaluate`'s task logic and refuse the variants
 outside their guard (parity.py); write everything into a temporary folder next to the target and rename it
 into place at the end, so a failure never leaves a half-written bundle. The manifest carries the model's own
-window and decoding settings (`task_settings`, the ones `bertserve evaluate` uses) for the service's defaults.
+window and decoding settings (`task_settings`, the ones `bertserve evaluate` uses) for the service's defaults;
+an embed bundle's are its pooling and normalization (export/sentence_layout.py), a fill-mask bundle's its mask
+token. The encoder's own tasks are guarded by export/encoder_guards.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,14 +33,19 @@ from bert_model.registry import resolve_model_path
 from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec
 from bert_model.tokenization import BertTokenizer
 from export.canonicalize import canonicalize
+from export.encoder_guards import embedding_guard, fill_mask_guard
 from export.graph import export_onnx, fuse_bert, fused_op_counts
 from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, judge_fp32, max_abs_diff
+from export.sentence_layout import EmbeddingSettings, embedding_settings
 from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard, served_task_settings
 from export.variant_names import CPU_PREFERENCE, DEFAULT_VARIANTS
 from export.variants import OPENVINO_PROVIDER, RECIPES, Sources, parse_variants
 from export.wrapper import encoder_of, labels_of, load_task_model
 
 logger = logging.getLogger(__name__)
+MASK_TOKEN = "[MASK]"
+"""The mask token of every tokenizer this project builds (bert_model.tokenization's special tokens)."""
+Keep = Callable[[dict[str, np.ndarray], int], dict[str, np.ndarray]]
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
@@ -48,7 +56,8 @@ class ExportOptions:
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
     """Variant names (see export.variants.RECIPES)."""
     max_seq_len: int | None = None
-    """Longest input the bundle serves; default: the model's max_position_embeddings."""
+    """Longest input the bundle serves; default: the model's max_position_embeddings (an embedding model's
+    sentence-transformers `max_seq_length`, when its folder gives one)."""
     name: str | None = None
     """Model name in the manifest; default: the target folder's name."""
     eval_data: Path | None = None
@@ -92,11 +101,14 @@ def build_bundle(
     _check_target(target)
     model, task, folder = load_task_model(model_name_or_path)
     config: BertConfig = encoder_of(model).config
+    layout = embedding_settings(folder) if task == "embed" else None
+    if opts.max_seq_len is None and layout is not None and layout.max_seq_length is not None:
+        opts.max_seq_len = min(layout.max_seq_length, config.max_position_embeddings)
     max_len = _check_max_len(opts.max_seq_len, config)
     tokenizer = _tokenizer_of(folder, config)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
-        manifest, refused = _build_into(scratch, model, task, folder, tokenizer, max_len, opts, target.name)
+        manifest, refused = _build_into(scratch, model, (task, layout), folder, tokenizer, max_len, opts, target.name)
         _make_readable(scratch)
         _replace_dir(scratch, target)
     except BaseException:
@@ -139,7 +151,7 @@ def _tokenizer_of(folder: Path, config: BertConfig) -> BertTokenizer:
 def _build_into(
     scratch: Path,
     model: nn.Module,
-    task: str,
+    task_layout: tuple[str, EmbeddingSettings | None],
     folder: Path,
     tokenizer: BertTokenizer,
     max_len: int,
@@ -147,11 +159,12 @@ def _build_into(
     default_name: str,
 ) -> tuple[BundleManifest, dict[str, str]]:
     started = time.time()
-    guard = build_guard(task, encoder_of(model).config, tokenizer, max_len, opts.guard_options())
+    task, layout = task_layout
+    guard = _guard(task, model, tokenizer, max_len, opts, layout)
     work = scratch / ".work"
     work.mkdir()
     raw, fused, rewrites, fused_counts = build_graphs(model, task, work)
-    reference = torch_outputs(model, task, guard.feeds)
+    reference = torch_outputs(model, task, guard.feeds, guard.keep)
     expected = guard.score(reference)
     sources = Sources(raw=raw, fused=fused)
     variants, refused = _build_variants(scratch, opts.variants, sources, guard, (reference, expected))
@@ -169,10 +182,39 @@ def _build_into(
         lowercase=tokenizer.lowercase,
         default_variants=_defaults(variants),
         source=_source_info(folder, opts, guard.describe(expected), rewrites, fused_counts, refused, started),
-        task_settings=served_task_settings(task, encoder_of(model).config, max_len),
+        task_settings=_task_settings(task, layout, encoder_of(model).config, max_len),
     )
+    if layout is not None:
+        manifest.source["task_settings_source"] = layout.source
     manifest.write(scratch)
     return manifest, refused
+
+
+def _guard(
+    task: str,
+    model: nn.Module,
+    tokenizer: BertTokenizer,
+    max_len: int,
+    opts: ExportOptions,
+    layout: EmbeddingSettings | None,
+) -> TaskGuard:
+    """The accuracy guard's examples and decoding for `task` (validated options: see ExportOptions)."""
+    options = opts.guard_options()
+    if task in ("embed", "fill-mask") and options.eval_data is not None:
+        raise ValueError(f"a {task} model has no labels to score on an eval set: give --calibration texts")
+    if task == "embed":
+        return embedding_guard(tokenizer, max_len, layout.pooling if layout else "mean", options, options.data_dir)
+    if task == "fill-mask":
+        return fill_mask_guard(tokenizer, max_len, options, options.data_dir)
+    return build_guard(task, encoder_of(model).config, tokenizer, max_len, options)
+
+
+def _task_settings(task: str, layout: EmbeddingSettings | None, config: BertConfig, max_len: int) -> dict[str, Any]:
+    if layout is not None:
+        return layout.task_settings()
+    if task == "fill-mask":
+        return {"mask_token": MASK_TOKEN}
+    return served_task_settings(task, config, max_len)
 
 
 def build_graphs(model: nn.Module, task: str, work: Path) -> tuple[Path, Path, dict[str, int], dict[str, int]]:
@@ -188,15 +230,19 @@ def build_graphs(model: nn.Module, task: str, work: Path) -> tuple[Path, Path, d
     return raw, fused, rewrites, counts
 
 
-def torch_outputs(model: nn.Module, task: str, batches: list[dict[str, np.ndarray]]) -> Outputs:
-    """PyTorch fp32 outputs of `model` (eval mode) on every guard batch, keyed by the task's output names."""
+def torch_outputs(
+    model: nn.Module, task: str, batches: list[dict[str, np.ndarray]], keep: Keep | None = None
+) -> Outputs:
+    """PyTorch fp32 outputs of `model` (eval mode) on every guard batch, keyed by the task's output names (what
+    `keep(outputs, batch_index)` keeps of them, when given)."""
     names = OUTPUT_NAMES[task]
     model.eval()
-    results = []
+    results: Outputs = []
     with torch.inference_mode():
         for batch in batches:
             output = model(*(torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
-            results.append({name: getattr(output, name).float().numpy() for name in names})
+            arrays = {name: getattr(output, name).float().numpy() for name in names}
+            results.append(keep(arrays, len(results)) if keep is not None else arrays)
     return results
 
 
@@ -233,12 +279,13 @@ def check_variant(name: str, path: Path, guard: TaskGuard, reference: tuple[Outp
     recipe = RECIPES[name]
     run = recipe.runner(path)
     outputs, expected = reference
-    candidate = [run(feed) for feed in guard.feeds]
+    candidate = [guard.keep(run(feed), index) for index, feed in enumerate(guard.feeds)]
+    # Kept rows are real positions already (fill-mask: the masked ones); else compare at attended positions.
+    masks = None if guard.trim is not None else [feed["attention_mask"] for feed in guard.feeds]
     if recipe.precision == "fp32":
-        result = judge_fp32(outputs, candidate, guard.feeds)
+        result = judge_fp32(outputs, candidate, masks)
     else:
         result = guard.judge(expected, guard.score(candidate))
-        masks = [feed["attention_mask"] for feed in guard.feeds]
         result.figures["max_abs_diff"] = max_abs_diff(outputs, candidate, masks)
     judgment = "max-abs-diff" if recipe.precision == "fp32" else guard.judgment
     result.figures.update(judgment=judgment, guard_source=guard.source, inputs=len(guard.features))

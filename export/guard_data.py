@@ -3,9 +3,11 @@
 Data files under the data folder (../shared/data), by task; they are labelled, so `export/task_guard.py` scores
 them as eval sets (SQuAD F1, seqeval entity F1, labels) and falls back to their texts alone when the model cannot
 score them (e.g. a NER model with other entity types):
-- classify / embed: GLUE SST-2 sentences (`sst2/dev.half-a.tsv`, `sentence<TAB>label` with a header);
+- classify / embed / fill-mask: GLUE SST-2 sentences (`sst2/dev.half-a.tsv`, `sentence<TAB>label` with a header;
+  not in the pretraining demo's corpus, so held out for a model `bertserve pretrain` wrote);
 - ner: CoNLL-2003 validation sentences (`conll2003/iob2/valid.txt`, one `token POS chunk TAG` per line);
 - qa: SQuAD v1.1 questions with their paragraphs (`squad_v1.1/dev-v1.1.half-a.json`, official format).
+embed also retrieves: SQuAD v1.1 questions against the paragraphs they were asked about (`RETRIEVAL_FILE`).
 A calibration file given by path is one input per line; a tab separates a text pair (question<TAB>context for
 qa). Without any of them, the built-in sentences below.
 """
@@ -13,14 +15,17 @@ qa). Without any of them, the built-in sentences below.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 DATA_FILES: dict[str, str] = {
     "classify": "sst2/dev.half-a.tsv",
     "embed": "sst2/dev.half-a.tsv",
+    "fill-mask": "sst2/dev.half-a.tsv",
     "ner": "conll2003/iob2/valid.txt",
     "qa": "squad_v1.1/dev-v1.1.half-a.json",
 }
+RETRIEVAL_FILE = "squad_v1.1/dev-v1.1.half-a.json"
 BUILTIN_TEXTS: tuple[str, ...] = (
     "a gripping, beautifully acted film that stays with you long after the credits roll.",
     "the plot is thin and the jokes fall flat, a tedious two hours.",
@@ -102,3 +107,39 @@ def _squad_pairs(path: Path, limit: int) -> list[tuple[str, ...]]:
             if len(pairs) >= limit:
                 return pairs[:limit]
     return pairs
+
+
+@dataclass
+class RetrievalSample:
+    """Questions, the paragraphs they were asked about, and which paragraph answers each question."""
+
+    questions: list[str]
+    paragraphs: list[str]
+    gold: list[int]
+    """Per question, the index of its paragraph in `paragraphs`."""
+    source: str
+
+
+def retrieval_sample(data_dir: Path | None, paragraphs: int, questions: int) -> RetrievalSample | None:
+    """The first `paragraphs` paragraphs of SQuAD v1.1 dev-half-a (neighbouring paragraphs of one article are
+    the hard negatives) and up to `questions` of their questions, spread over the paragraphs; None without the file."""
+    path = data_dir / RETRIEVAL_FILE if data_dir is not None else None
+    if path is None or not path.is_file():
+        return None
+    contexts: list[str] = []
+    asked: list[list[str]] = []
+    for article in json.loads(path.read_text(encoding="utf-8"))["data"]:
+        for paragraph in article["paragraphs"]:
+            contexts.append(paragraph["context"])
+            asked.append([qa["question"] for qa in paragraph["qas"]])
+            if len(contexts) == paragraphs:
+                break
+        if len(contexts) == paragraphs:
+            break
+    sample = RetrievalSample([], contexts, [], str(path))
+    for depth in range(max(len(q) for q in asked)):  # round robin: each paragraph's first question, then second...
+        for index, texts in enumerate(asked):
+            if depth < len(texts) and len(sample.questions) < questions:
+                sample.questions.append(texts[depth])
+                sample.gold.append(index)
+    return sample

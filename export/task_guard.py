@@ -8,7 +8,8 @@ export, evaluation and serving cannot disagree on what an answer is:
 - qa: every `doc_stride` window of a question; spans of all windows compete on log-probability (n-best); SQuAD
   exact match / F1 against the gold answers (normalised text, best over the references: Rajpurkar et al. 2016);
 - ner: one label per word, read at its first word piece, windows merged; entity F1 with seqeval (conlleval rules);
-- classify: the arg-max label (accuracy against the gold labels); embed: the [CLS] vector.
+- classify: the arg-max label (accuracy against the gold labels).
+The encoder's own tasks (embed, fill-mask) build theirs in export/encoder_guards.py on this module's `TaskGuard`.
 
 Where the examples come from (the first that applies), and which judgment of export/parity.py follows:
 1. `eval_data`, a path: a SQuAD JSON (qa), a CoNLL file (ner) or a labelled TSV / CSV / JSONL (classify): `eval-set`;
@@ -100,9 +101,18 @@ class TaskGuard:
     examples: int
     settings: dict[str, Any]
     note: str = ""
+    trim: Callable[[dict[str, np.ndarray], int], dict[str, np.ndarray]] | None = None
+    """What of a batch's outputs (and the batch's index) the guard keeps, when not all of it: the rows it keeps
+    are then `decode`'s rows, batch after batch (fill-mask keeps the logits of masked positions only)."""
+
+    def keep(self, output: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+        """The part of batch `batch`'s outputs that judging needs (all of it unless `trim` says otherwise)."""
+        return output if self.trim is None else self.trim(output, batch)
 
     def score(self, outputs: Outputs) -> Scored:
-        """Predictions (and metrics) of a model from its outputs on `feeds`."""
+        """Predictions (and metrics) of a model from its outputs on `feeds` (as `keep` left them)."""
+        if self.trim is not None:
+            return self.decode({name: [row for output in outputs for row in output[name]] for name in outputs[0]})
         return self.decode(feature_rows(self.features, self.order, outputs))
 
     def judge(self, reference: Scored, candidate: Scored) -> ParityResult:
@@ -129,14 +139,14 @@ def build_guard(
     task: str, config: BertConfig, tokenizer: BertTokenizer, max_len: int, options: GuardOptions
 ) -> TaskGuard:
     """The guard examples of a `task` model (its `config` carries labels and stored task settings)."""
+    if task not in SCORED_TASKS:
+        raise ValueError(f"the {task} guard is built by export.encoder_guards, not from task labels")
     fitted = task_options(task, config, max_len)
     if options.eval_data is not None:
-        if task == "embed":
-            raise ValueError("an embedding model has no task to score on an eval set: give --calibration texts")
         return eval_set_guard(task, config, tokenizer, fitted, Path(options.eval_data), options)
     note = ""
     default = default_eval_file(task, options.data_dir) if options.calibration is None else None
-    if default is not None and task != "embed":
+    if default is not None:
         try:
             return eval_set_guard(task, config, tokenizer, fitted, default, options)
         except ValueError as error:
@@ -148,10 +158,12 @@ def build_guard(
     return guard
 
 
+SCORED_TASKS = ("classify", "qa", "ner")
+"""The tasks whose guard decodes with `bertserve evaluate`'s recipes (a fine-tuned head and its labels)."""
+
+
 def task_options(task: str, config: BertConfig, max_len: int) -> TaskOptions:
     """The model's stored task settings (as `bertserve evaluate` reads them), shrunk to `max_len` tokens."""
-    if task == "embed":
-        return ClassifyOptions(max_seq_length=min(max_len, 384))
     return fit_options(default_options(task, stored_settings(config)), max_len)
 
 
@@ -223,7 +235,7 @@ def agreement_guard(
     elif isinstance(fitted, NEROptions):
         features, decode = _ner_tags(tokenizer, fitted, rows, labels)
     else:
-        features, decode = _classify_labels(task, tokenizer, fitted, rows, labels)
+        features, decode = _classify_labels(tokenizer, fitted, rows, labels)
     order, feeds = batches(features, tokenizer.pad_id, batch_size)
     settings = {k: v for k, v in asdict(fitted).items() if k in _WINDOW_SETTINGS}
     return TaskGuard(task, AGREEMENT, source, features, order, feeds, decode, len(rows), settings)
@@ -270,16 +282,13 @@ def _ner_tags(
 
 
 def _classify_labels(
-    task: str, tokenizer: BertTokenizer, fitted: TaskOptions, rows: list[tuple[str, ...]], labels: list[str]
+    tokenizer: BertTokenizer, fitted: TaskOptions, rows: list[tuple[str, ...]], labels: list[str]
 ) -> FeaturesAndDecode:
     pairs = [row[1] for row in rows] if rows and all(len(row) > 1 for row in rows) else None
     texts = [row[0] for row in rows]
     features = build_classification_features(tokenizer, texts, pairs, max_seq_length=fitted.max_seq_length)
 
     def decode(outputs: Rows) -> Scored:
-        if task == "embed":
-            vectors = outputs["last_hidden_state"]
-            return Scored({f.request_index: row[0] for f, row in zip(features, vectors, strict=True)})
         best = [int(np.argmax(row)) for row in outputs["logits"]]
         return Scored({f.request_index: {"label": labels[b]} for f, b in zip(features, best, strict=True)})
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from bert_model.config import BertConfig
 from bert_model.heads import (
+    BertForMaskedLM,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
@@ -29,17 +30,23 @@ ARCHITECTURE_TASKS: dict[str, str] = {
     "BertForQuestionAnswering": "qa",
     "BertForTokenClassification": "ner",
     "BertModel": "embed",
+    "BertForMaskedLM": "fill-mask",
+    "BertForPreTraining": "fill-mask",
 }
 TASK_CLASSES: dict[str, type[nn.Module]] = {
     "classify": BertForSequenceClassification,
     "qa": BertForQuestionAnswering,
     "ner": BertForTokenClassification,
     "embed": BertModel,
+    "fill-mask": BertForMaskedLM,
 }
+"""The class each task loads: a pretraining checkpoint (`bertserve pretrain`'s, Hugging Face's BertForPreTraining)
+serves fill-mask through its masked-LM head; its NSP head and pooler are not read."""
 
 
 def task_of_folder(folder: Path) -> str:
-    """The serving task of a checkpoint folder, from config.json `architectures` (no entry: `embed`)."""
+    """The serving task of a checkpoint folder, from config.json `architectures` (no entry: `embed`); a
+    masked-LM or pretraining checkpoint is `fill-mask` (`load_task_model(..., task="embed")` serves its encoder)."""
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} is not a model folder: no config.json")
@@ -53,8 +60,6 @@ def task_of_folder(folder: Path) -> str:
     for architecture in architectures:
         if architecture in ARCHITECTURE_TASKS:
             return ARCHITECTURE_TASKS[architecture]
-    if set(architectures) <= {"BertForPreTraining", "BertForMaskedLM"}:
-        return "embed"
     raise ValueError(
         f"{folder}: architectures {architectures} name no servable task; expected one of {sorted(ARCHITECTURE_TASKS)}"
     )
@@ -73,7 +78,7 @@ def load_task_model(name_or_path: str | Path, task: str | None = None) -> tuple[
 
 
 def labels_of(model: nn.Module) -> list[str]:
-    """Class names by index (empty for qa / embed)."""
+    """Class names by index (empty for qa / embed / fill-mask)."""
     config: BertConfig = model.config  # type: ignore[assignment]
     if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
         return [config.id2label[i] for i in range(config.num_labels)]

@@ -17,10 +17,14 @@ def feeds(rows: int = 4, length: int = 6) -> list[dict[str, np.ndarray]]:
     return [{"input_ids": np.ones((rows, length), np.int64), "attention_mask": mask, "token_type_ids": segments}]
 
 
+def masks(batches: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    return [batch["attention_mask"] for batch in batches]
+
+
 def test_fp32_guard_is_max_abs_diff() -> None:
     reference = [{"logits": np.zeros((4, 2), np.float32)}]
-    assert judge_fp32(reference, [{"logits": np.full((4, 2), 5e-5, np.float32)}], feeds()).passed
-    result = judge_fp32(reference, [{"logits": np.full((4, 2), 2e-4, np.float32)}], feeds())
+    assert judge_fp32(reference, [{"logits": np.full((4, 2), 5e-5, np.float32)}], masks(feeds())).passed
+    result = judge_fp32(reference, [{"logits": np.full((4, 2), 2e-4, np.float32)}], masks(feeds()))
     assert not result.passed
     assert "max |diff|" in result.message and "1e-04" in result.message
 
@@ -31,9 +35,9 @@ def test_fp32_guard_ignores_padding_positions_of_token_outputs() -> None:
     reference = [{"logits": np.zeros((1, 6, 3), np.float32)}]
     candidate = [{"logits": np.zeros((1, 6, 3), np.float32)}]
     candidate[0]["logits"][0, 5] = 7.0  # a padding position
-    assert judge_fp32(reference, candidate, rows).figures["max_abs_diff"] == 0.0
+    assert judge_fp32(reference, candidate, masks(rows)).figures["max_abs_diff"] == 0.0
     candidate[0]["logits"][0, 3] = 1e-3  # a real token
-    assert not judge_fp32(reference, candidate, rows).passed
+    assert not judge_fp32(reference, candidate, masks(rows)).passed
 
 
 def labels(values: list[str]) -> Scored:
@@ -102,13 +106,37 @@ def test_ner_agreement_is_seqeval_entity_f1_against_fp32_tags() -> None:
     assert entity_f1([["O", "O"]], [["B-LOC", "O"]]) == 0.0
 
 
-def test_embed_agreement_is_the_smallest_cls_cosine() -> None:
-    reference = Scored({0: np.array([1.0, 0.0]), 1: np.array([0.0, 1.0])})
-    result = judge_task("embed", AGREEMENT, reference, Scored({0: np.array([1.0, 0.1]), 1: np.array([0.0, 2.0])}))
-    assert result.passed and result.figures["cls_cosine_min"] == pytest.approx(1 / np.sqrt(1.01))
-    assert not judge_task(
-        "embed", AGREEMENT, reference, Scored({0: np.array([1.0, 1.0]), 1: np.array([0.0, 1.0])})
-    ).passed
+def test_embed_guard_is_the_mean_and_minimum_cosine_and_retrieval_agreement() -> None:
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(200, 16))
+    reference = Scored(dict(enumerate(vectors)), {"retrieved": [0] * 20, "retrieval_top1_accuracy": 0.9})
+    close = Scored(dict(enumerate(vectors + 0.01 * rng.normal(size=vectors.shape))), dict(reference.metrics))
+    result = judge_task("embed", AGREEMENT, reference, close)
+    assert result.passed and 0.995 < result.figures["cosine_min"] <= result.figures["cosine_mean"] < 1
+    assert result.figures["retrieval_top1_agreement"] == 1.0
+    one_off = Scored(dict(close.predictions), dict(close.metrics))
+    one_off.predictions[7] = -vectors[7]  # a single bad vector: the mean passes (0.99), the minimum does not
+    result = judge_task("embed", AGREEMENT, reference, one_off)
+    assert not result.passed and result.figures["cosine_min"] == pytest.approx(-1.0, abs=1e-3)
+    drifting = Scored(dict(close.predictions), {"retrieved": [0] * 18 + [1, 1], "retrieval_top1_accuracy": 0.8})
+    result = judge_task("embed", AGREEMENT, reference, drifting)  # 2 of 20 questions retrieve another paragraph
+    assert not result.passed and result.figures["retrieval_top1_agreement"] == pytest.approx(0.9)
+    assert "retrieval top-1 agreement 0.9000" in result.message
+
+
+def test_fill_mask_guard_is_top1_agreement_and_top5_overlap() -> None:
+    reference = Scored({i: (i, 200, 201, 202, 203) for i in range(100)}, {"masked_top1_accuracy": 0.5})
+    # order below the first ignored; half the positions have another 5th token: overlap 0.9, passes
+    reordered = Scored({i: (i, 201, 200, 202, 203 if i % 2 else 999) for i in range(100)})
+    result = judge_task("fill-mask", AGREEMENT, reference, reordered)
+    assert result.passed and result.figures["top1_agreement"] == 1.0
+    assert result.figures["top5_overlap"] == pytest.approx(0.9) and result.figures["top5_same_set"] == 0.5
+    assert result.figures["masked_top1_accuracy_fp32"] == 0.5
+    other_fifth = Scored({i: (i, 200, 201, 202, 999) for i in range(100)})
+    assert not judge_task("fill-mask", AGREEMENT, reference, other_fifth).passed  # overlap 0.8
+    flipped = Scored({i: ((200, i, 201, 202, 203) if i < 6 else reference.predictions[i]) for i in range(100)})
+    result = judge_task("fill-mask", AGREEMENT, reference, flipped)  # 6% of positions change their best token
+    assert not result.passed and result.figures["top1_agreement"] == pytest.approx(0.94)
 
 
 def test_every_written_variant_is_within_its_guard_on_real_text(minilm_bundle: tuple[Path, dict]) -> None:
