@@ -1,0 +1,133 @@
+"""The encoder's own bundles on tiny models: embed (pooling read from a sentence-transformers layout) and
+fill-mask (from our pretraining checkpoint and from Hugging Face's BertForMaskedLM), exported and run by ONNX
+Runtime against PyTorch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+
+from bert_model.heads import BertForMaskedLM, BertForPreTraining
+from bert_model.modeling import BertModel
+from bert_model.tasks.spec import BundleManifest
+from bert_model.tokenization import BertTokenizer
+from export.bundle import build_bundle
+from export.sentence_layout import embedding_settings
+from export.wrapper import task_of_folder
+from tests.export.conftest import tiny_config, write_vocab
+
+FAST = {"variants": "cpu-fp32"}
+
+
+def st_layout(folder: Path, modules: list[str], **pooling: bool) -> Path:
+    """A sentence-transformers layout over `folder`: modules.json and the Pooling module's config."""
+    entries = [{"idx": i, "name": str(i), "path": "" if kind == "Transformer" else f"{i}_{kind}",
+                "type": f"sentence_transformers.models.{kind}"} for i, kind in enumerate(modules)]  # fmt: skip
+    (folder / "modules.json").write_text(json.dumps(entries))
+    if "Pooling" in modules:
+        pool_dir = folder / f"{modules.index('Pooling')}_Pooling"
+        pool_dir.mkdir()
+        flags = {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False}
+        (pool_dir / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **flags, **pooling}))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    return folder
+
+
+def tiny_encoder(folder: Path) -> Path:
+    torch.manual_seed(0)
+    BertModel(tiny_config()).save_pretrained(folder)
+    write_vocab(folder)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("modules", "flag", "expected"),
+    [
+        (["Transformer", "Pooling", "Normalize"], "pooling_mode_mean_tokens", ("mean", True)),
+        (["Transformer", "Pooling"], "pooling_mode_cls_token", ("cls", False)),
+        (["Transformer", "Pooling", "Normalize"], "pooling_mode_max_tokens", ("max", True)),
+    ],
+)
+def test_pooling_and_normalize_are_read_from_the_layout(
+    modules: list[str], flag: str, expected: tuple[str, bool], tmp_path: Path
+) -> None:
+    settings = embedding_settings(st_layout(tmp_path, modules, **{flag: True}))
+    assert (settings.pooling, settings.normalize, settings.max_seq_length) == (*expected, 64)
+    assert "modules.json" in settings.source and "Pooling/config.json" in settings.source
+
+
+def test_without_a_layout_mean_pooling_unnormalized(tmp_path: Path) -> None:
+    settings = embedding_settings(tmp_path)
+    assert (settings.pooling, settings.normalize, settings.max_seq_length) == ("mean", False, None)
+    assert "default" in settings.source
+
+
+@pytest.mark.parametrize(
+    ("modules", "pooling", "message"),
+    [
+        (["Transformer", "Pooling", "Dense", "Normalize"], {"pooling_mode_mean_tokens": True}, "Dense"),
+        (["Transformer", "Pooling"], {"pooling_mode_mean_sqrt_len_tokens": True}, "mean_sqrt_len"),
+        (["Transformer", "Pooling"], {"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}, "exactly"),
+    ],
+)
+def test_layouts_the_service_cannot_reproduce_are_refused(
+    modules: list[str], pooling: dict[str, bool], message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        embedding_settings(st_layout(tmp_path, modules, **pooling))
+
+
+def test_embed_bundle_states_pooling_normalization_and_its_source(tmp_path: Path) -> None:
+    folder = st_layout(tiny_encoder(tmp_path / "encoder"), ["Transformer", "Pooling", "Normalize"],
+                       pooling_mode_cls_token=True)  # fmt: skip
+    result = build_bundle(folder, tmp_path / "bundle", data_dir=tmp_path / "no-data", **FAST)
+    manifest = BundleManifest.read(result.path)
+    assert manifest.task == "embed" and manifest.task_settings == {"pooling": "cls", "normalize": True}
+    assert manifest.max_seq_length == 64  # sentence_bert_config.json's, the length the model is used with
+    assert manifest.source["task_settings_source"] == "modules.json + 1_Pooling/config.json"
+    assert manifest.source["guard_inputs"]["settings"]["pooling"] == "cls"
+    plain = build_bundle(tiny_encoder(tmp_path / "plain"), tmp_path / "plain-bundle", data_dir=tmp_path, **FAST)
+    assert plain.manifest.task_settings == {"pooling": "mean", "normalize": False}
+    assert plain.manifest.max_seq_length == 512
+
+
+def save_pretraining(folder: Path) -> Path:
+    torch.manual_seed(1)
+    BertForPreTraining(tiny_config()).save_pretrained(folder)
+    write_vocab(folder)
+    return folder
+
+
+def save_hf_masked_lm(folder: Path) -> Path:
+    torch.manual_seed(2)
+    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=512)  # fmt: skip
+    transformers.BertForMaskedLM(config).eval().save_pretrained(folder)
+    write_vocab(folder)
+    return folder
+
+
+@pytest.mark.parametrize("save", [save_pretraining, save_hf_masked_lm], ids=["pretraining", "hf-masked-lm"])
+def test_fill_mask_bundle_logits_equal_pytorch(save, tmp_path: Path) -> None:
+    folder = save(tmp_path / "model")
+    assert task_of_folder(folder) == "fill-mask"
+    result = build_bundle(folder, tmp_path / "bundle", variants="cpu-fp32,gpu-fp16", data_dir=tmp_path)
+    manifest = BundleManifest.read(result.path)
+    assert manifest.task == "fill-mask" and manifest.task_settings == {"mask_token": "[MASK]"}
+    parity = manifest.variants["cpu-fp32"].parity
+    assert parity["max_abs_diff"] <= 1e-4 and manifest.source["guard_inputs"]["count"] == 12
+    tokenizer = BertTokenizer.from_pretrained(result.path / "tokenizer")
+    batch = tokenizer(["the film was [MASK] good", "a [MASK] plot and very boring acting of the movie"])
+    session = ort.InferenceSession(str(result.path / "cpu-fp32.onnx"), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(["logits"], batch)
+    with torch.inference_mode():
+        expected = BertForMaskedLM.from_pretrained(folder)(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    assert logits.shape == (2, batch["input_ids"].shape[1], 99)
+    real = batch["attention_mask"].astype(bool)
+    assert np.abs(logits[real] - expected.logits.numpy()[real]).max() <= 1e-4
