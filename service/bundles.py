@@ -2,18 +2,23 @@
 
 `--models` entries may be a bundle folder (has manifest.json), a folder of bundles (every child with a
 manifest), or a bundle name looked up under `bundles_dir` (default `artifacts/bundles/`, written by
-`make bundles`). Errors name the entry and what would fix it.
+`make bundles`). An entry ending in `?` is optional: served when it exists, skipped (with a log line) when it
+does not. Errors name the entry and what would fix it.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from bert_model.tasks.spec import MANIFEST_FILE, TOKENIZER_DIR, BundleManifest
 from bert_model.tokenization import BertTokenizer
 
-SERVED_TASKS = ("classify", "qa", "ner")
+log = logging.getLogger(__name__)
+
+OPTIONAL = "?"
+SERVED_TASKS = ("classify", "qa", "ner", "embed", "fill-mask")
 
 
 @dataclass
@@ -37,9 +42,19 @@ def find_bundles(entries: list[str], bundles_dir: Path) -> list[Path]:
     """Bundle folders for `--models` entries, in order, without duplicates."""
     found: list[Path] = []
     for entry in entries:
-        for path in _expand(entry, bundles_dir):
+        optional = entry.endswith(OPTIONAL)
+        try:
+            paths = _expand(entry.removesuffix(OPTIONAL), bundles_dir)
+        except FileNotFoundError as error:
+            if not optional:
+                raise
+            log.info("optional model not served: %s", error)
+            continue
+        for path in paths:
             if path not in found:
                 found.append(path)
+    if not found:
+        raise FileNotFoundError(f"none of the optional models {', '.join(entries)} exists under {bundles_dir}")
     return found
 
 

@@ -24,6 +24,8 @@ from service.metrics import ServiceMetrics
 from service.pipelines import (
     AGGREGATION_STRATEGIES,
     ClassifyInput,
+    EmbedInput,
+    FillMaskInput,
     NERInput,
     Pipeline,
     QAInput,
@@ -114,7 +116,7 @@ class ServiceState:
 
 
 class InferenceService:
-    """Loaded models, their batchers, and the three task entry points."""
+    """Loaded models, their batchers, and one entry point per task."""
 
     def __init__(self, settings: ServiceSettings, metrics: ServiceMetrics | None = None) -> None:
         self.settings = settings
@@ -160,7 +162,10 @@ class InferenceService:
         settings = self.settings
         config = BatchConfig(
             max_batch_size=settings.effective_max_batch_size,
-            max_batch_tokens=max(settings.max_batch_tokens, bundle.manifest.max_seq_length),
+            max_batch_tokens=max(
+                min(settings.max_batch_tokens, pipeline.max_batch_tokens or settings.max_batch_tokens),
+                bundle.manifest.max_seq_length,
+            ),
             max_wait_s=settings.max_wait_ms / 1000 if settings.batching else 0.0,
             max_padding=settings.max_padding,
             max_queue=settings.max_queue,
@@ -256,7 +261,7 @@ class InferenceService:
     def list_models(self) -> list[dict[str, Any]]:
         return [model.describe() for model in self.models.values()]
 
-    # ---- the three tasks --------------------------------------------------------------------------
+    # ---- the tasks --------------------------------------------------------------------------------
     async def classify(
         self, request: ClassifyInput, model: str | None = None, timeout_s: float | None = None
     ) -> Outcome:
@@ -286,6 +291,20 @@ class InferenceService:
                 f"got {request.aggregation_strategy!r}"
             )
         return await self._run(self.model_for("ner", model), request, timeout_s, route="ner")
+
+    async def embed(self, request: EmbedInput, model: str | None = None, timeout_s: float | None = None) -> Outcome:
+        self._check_texts(request.texts, "inputs")
+        if request.dimensions is not None and request.dimensions < 1:
+            raise InvalidInput(f"dimensions must be at least 1, got {request.dimensions}")
+        return await self._run(self.model_for("embed", model), request, timeout_s, route="embed")
+
+    async def fill_mask(
+        self, request: FillMaskInput, model: str | None = None, timeout_s: float | None = None
+    ) -> Outcome:
+        self._check_texts(request.texts, "inputs")
+        if not 1 <= request.top_k <= FILL_MASK_MAX_TOP_K:
+            raise InvalidInput(f"top_k must be between 1 and {FILL_MASK_MAX_TOP_K}, got {request.top_k}")
+        return await self._run(self.model_for("fill-mask", model), request, timeout_s, route="fill-mask")
 
     def _check_texts(self, texts: list[str], name: str, *, count: bool = True) -> None:
         limit = self.settings.max_inputs_per_request
@@ -336,6 +355,9 @@ class InferenceService:
         timings.batches = result.batches
         return Outcome(model=model.name, results=results, timings=timings)
 
+
+FILL_MASK_MAX_TOP_K = 100
+"""Most fills per mask one request may ask for (each is a decoded sequence in the response)."""
 
 INLINE_CHARACTERS = 2000
 """Requests with fewer characters are tokenized and post-processed on the event loop: a thread hand-off costs

@@ -3,7 +3,9 @@
 Each pipeline turns one validated request into features (each remembering its input's index), and the
 features' output rows back into one result per input, in the shapes of Hugging Face pipelines:
 classify -> `[{label, score}]`, qa -> `[{answer, score, start, end}]`, ner -> `[{entity_group, score, word,
-start, end}]`. Errors of the task layer caused by the input (ValueError / TypeError) become `InvalidInput`.
+start, end}]`, fill-mask -> per mask `[{score, token, token_str, sequence}]`; embed -> `{embedding, tokens}`
+(the vector, and the tokens read, which OpenAI's `usage` counts).
+Errors of the task layer caused by the input (ValueError / TypeError) become `InvalidInput`.
 
 Windows: QA and NER use the model's own settings from the manifest's `task_settings` (the ones it was
 fine-tuned and `bertserve evaluate`d with, e.g. 256-token QA windows, doc_stride 128), capped by the graph's
@@ -20,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from bert_model.tasks.classification import build_classification_features, classification_postprocess
+from bert_model.tasks.embeddings import POOLING_MODES, embedding_postprocess
 from bert_model.tasks.features import Feature
+from bert_model.tasks.fill_mask import DEFAULT_MASK_TOKEN, build_fill_mask_features, fill_mask_postprocess, target_ids
 from bert_model.tasks.ner import build_ner_features, ner_postprocess
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
 from bert_model.tasks.windows import fit_ner_window, fit_qa_window
@@ -77,7 +81,30 @@ class NERInput:
     truncate: bool | None = None
 
 
-TaskInput = ClassifyInput | QAInput | NERInput
+@dataclass
+class EmbedInput:
+    texts: list[str]
+    normalize: bool | None = None
+    """L2-normalize the vectors; None = the model's setting (manifest task_settings `normalize`, else true)."""
+    dimensions: int | None = None
+    """Keep the first `dimensions` components and renormalize (OpenAI's `dimensions`); None = all."""
+    truncate: bool | None = None
+
+
+@dataclass
+class FillMaskInput:
+    texts: list[str]
+    top_k: int = 5
+    targets: list[str] | None = None
+    """Score only these tokens (each one vocabulary entry); None = the whole vocabulary."""
+    truncate: bool | None = None
+
+
+TaskInput = ClassifyInput | QAInput | NERInput | EmbedInput | FillMaskInput
+
+FILL_MASK_OUTPUT_BYTES = 256 * 1024 * 1024
+"""Largest (B, S, V) float32 logits output of one fill-mask batch: caps its padded tokens (about 2,200 with a
+30,522-token vocabulary), since the vocabulary-wide rows dwarf every other task's outputs."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +182,8 @@ class Pipeline:
 
     task = ""
     sequence_outputs: tuple[str, ...] = ()
+    max_batch_tokens: int | None = None
+    """The most padded tokens of one backend call this task allows (None = the server's setting only)."""
 
     def __init__(self, bundle: ServingBundle) -> None:
         self.bundle = bundle
@@ -319,6 +348,99 @@ class NERPipeline(Pipeline):
         return NERInput(texts=["Ada Lovelace worked with Charles Babbage in London."])
 
 
+class EmbedPipeline(Pipeline):
+    """Sentence embeddings: one (cut or refused) sequence per text, pooled as the manifest says."""
+
+    task = "embed"
+    sequence_outputs = ("last_hidden_state",)
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        settings = bundle.manifest.task_settings
+        self.pooling = settings.get("pooling", "mean")
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(f"manifest task_settings pooling must be one of {POOLING_MODES}, got {self.pooling!r}")
+        self.normalize = settings.get("normalize", True)
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"manifest task_settings normalize must be true or false, got {self.normalize!r}")
+
+    def _features(self, request: EmbedInput) -> list[Feature]:
+        return list(
+            build_classification_features(
+                self.tokenizer,
+                request.texts,
+                max_seq_length=self.max_seq_length,
+                truncation=_truncation(request.truncate),  # type: ignore[arg-type]
+            )
+        )
+
+    def _postprocess(self, request: EmbedInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        states = [output["last_hidden_state"] for output in outputs]
+        size = int(np.shape(states[0])[-1]) if states else 0
+        if request.dimensions is not None and request.dimensions > size:
+            raise InvalidInput(
+                f"dimensions must be at most {size} (this model's embedding size), got {request.dimensions}"
+            )
+        vectors = embedding_postprocess(
+            features,
+            states,
+            pooling=self.pooling,
+            normalize=self.normalize if request.normalize is None else request.normalize,
+            dimensions=request.dimensions,
+        )
+        tokens = {feature.request_index: len(feature) for feature in features}
+        return {index: {"embedding": vector, "tokens": tokens[index]} for index, vector in vectors.items()}
+
+    def count(self, request: EmbedInput) -> int:
+        return len(request.texts)
+
+    def warmup_input(self) -> EmbedInput:
+        return EmbedInput(texts=["warm up the model", "a second, somewhat longer warm-up sentence " * 4])
+
+
+class FillMaskPipeline(Pipeline):
+    """Masked-LM predictions at every mask token of a text (Hugging Face fill-mask semantics)."""
+
+    task = "fill-mask"
+    sequence_outputs = ("logits",)
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        self.mask_token = bundle.manifest.task_settings.get("mask_token", DEFAULT_MASK_TOKEN)
+        if not isinstance(self.mask_token, str) or self.tokenizer.token_to_id(self.mask_token) is None:
+            raise ValueError(
+                f"manifest task_settings mask_token {self.mask_token!r} is not in the tokenizer's vocabulary"
+            )
+        self.max_batch_tokens = max(self.max_seq_length, FILL_MASK_OUTPUT_BYTES // (4 * self.tokenizer.vocab_size))
+
+    def _features(self, request: FillMaskInput) -> list[Feature]:
+        if request.targets is not None:
+            target_ids(self.tokenizer, request.targets)  # refuses a target that is not one token
+        return build_fill_mask_features(
+            self.tokenizer,
+            request.texts,
+            max_seq_length=self.max_seq_length,
+            truncation=_truncation(request.truncate),  # type: ignore[arg-type]
+            mask_token=self.mask_token,
+        )
+
+    def _postprocess(self, request: FillMaskInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        return fill_mask_postprocess(
+            self.tokenizer,
+            features,
+            [output["logits"] for output in outputs],
+            top_k=request.top_k,
+            targets=None if request.targets is None else target_ids(self.tokenizer, request.targets),
+            mask_token=self.mask_token,
+        )
+
+    def count(self, request: FillMaskInput) -> int:
+        return len(request.texts)
+
+    def warmup_input(self) -> FillMaskInput:
+        return FillMaskInput(texts=[f"The service warms up every {self.mask_token} before it reports ready."])
+
+
 def _reject_windows(features: Sequence[Any], name: str, max_seq_length: int) -> None:
     """With truncate=false, an input that needs more than one window is refused (QA contexts, NER texts)."""
     for feature in features:
@@ -339,7 +461,13 @@ def _reject_long_questions(tokenizer: BertTokenizer, questions: Sequence[str], l
             )
 
 
-PIPELINES: dict[str, type[Pipeline]] = {"classify": ClassifyPipeline, "qa": QAPipeline, "ner": NERPipeline}
+PIPELINES: dict[str, type[Pipeline]] = {
+    "classify": ClassifyPipeline,
+    "qa": QAPipeline,
+    "ner": NERPipeline,
+    "embed": EmbedPipeline,
+    "fill-mask": FillMaskPipeline,
+}
 
 
 def make_pipeline(bundle: ServingBundle) -> Pipeline:

@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-DEFAULT_MODELS = ("minilm-sst2", "minilm-squad", "minilm-conll03")
+DEFAULT_MODELS = ("minilm-sst2", "minilm-squad", "minilm-conll03", "minilm?")
+"""The default task models, and the MiniLM sentence encoder (embed) when its bundle has been built."""
 DEFAULT_BUNDLES_DIR = Path("artifacts/bundles")
 
 CommaList = Annotated[list[str], NoDecode]
@@ -27,8 +28,8 @@ class ServiceSettings(BaseSettings):
     # ---- what to serve --------------------------------------------------------------------------
     models: CommaList = Field(
         default=list(DEFAULT_MODELS),
-        description="Bundle folders, a folder of bundles, or bundle names under bundles_dir. The first model "
-        "of each task is that task's default.",
+        description="Bundle folders, a folder of bundles, or bundle names under bundles_dir; an entry ending "
+        "in `?` is served only if it exists. The first model of each task is that task's default.",
     )
     bundles_dir: Path = Field(default=DEFAULT_BUNDLES_DIR, description="Where bundle names are looked up.")
     backend: Literal["ort", "triton"] = Field(default="ort", description="ONNX Runtime in-process, or a Triton server.")

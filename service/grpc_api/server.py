@@ -18,14 +18,25 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service.errors import InvalidInput, Unauthenticated
-from service.grpc_api.servicers import ClassifierServicer, ModelsServicer, NERServicer, QAServicer, abort
+from service.grpc_api.servicers import (
+    ClassifierServicer,
+    EmbedderServicer,
+    FillMaskServicer,
+    ModelsServicer,
+    NERServicer,
+    QAServicer,
+    abort,
+)
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.inference import InferenceService
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = tuple(pb.DESCRIPTOR.services_by_name[name].full_name for name in ("Classifier", "QA", "NER", "Models"))
+SERVICE_NAMES = tuple(
+    pb.DESCRIPTOR.services_by_name[name].full_name
+    for name in ("Classifier", "QA", "NER", "Embedder", "FillMask", "Models")
+)
 PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
@@ -78,6 +89,8 @@ class GrpcFrontDoor:
                 _handlers("Classifier", {"Classify": ClassifierServicer(service).Classify}),
                 _handlers("QA", {"Extract": QAServicer(service).Extract}),
                 _handlers("NER", {"Recognize": NERServicer(service).Recognize}),
+                _handlers("Embedder", {"Embed": EmbedderServicer(service).Embed}),
+                _handlers("FillMask", {"Fill": FillMaskServicer(service).Fill}),
                 _handlers("Models", {"List": ModelsServicer(service).List}),
             )
         )

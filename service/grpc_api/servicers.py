@@ -20,7 +20,7 @@ from service.errors import InvalidInput, ServiceError, grpc_status
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
 from service.inference import InferenceService, Outcome
-from service.pipelines import ClassifyInput, NERInput, QAInput
+from service.pipelines import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,42 @@ def _entity(entity: dict[str, Any]) -> Any:
         start=entity["start"],
         end=entity["end"],
     )
+
+
+class EmbedderServicer(_Base, pb_grpc.EmbedderServicer):
+    async def Embed(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(timeout: float | None) -> Outcome:
+            options = _given(request, "normalize", "dimensions", "truncate")
+            if options.get("dimensions") == 0:
+                del options["dimensions"]  # 0 = the whole vector
+            task_input = EmbedInput(texts=list(request.texts), **options)
+            return await self.service.embed(task_input, model=request.model or None, timeout_s=timeout)
+
+        outcome = await self._call(context, "/bert.v1.Embedder/Embed", run)
+        return pb.EmbedResponse(
+            model=outcome.model,
+            embeddings=[pb.Embedding(values=r["embedding"], tokens=r["tokens"]) for r in outcome.results],
+        )
+
+
+class FillMaskServicer(_Base, pb_grpc.FillMaskServicer):
+    async def Fill(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(timeout: float | None) -> Outcome:
+            task_input = FillMaskInput(
+                texts=list(request.texts),
+                targets=list(request.targets) or None,
+                **_given(request, "top_k", "truncate"),
+            )
+            return await self.service.fill_mask(task_input, model=request.model or None, timeout_s=timeout)
+
+        outcome = await self._call(context, "/bert.v1.FillMask/Fill", run)
+        return pb.FillResponse(
+            model=outcome.model,
+            results=[
+                pb.FilledText(masks=[pb.MaskFills(fills=[pb.TokenFill(**fill) for fill in fills]) for fills in masks])
+                for masks in outcome.results
+            ],
+        )
 
 
 class ModelsServicer(_Base, pb_grpc.ModelsServicer):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.server import ServerProcess
-from tests.service.tiny_bundles import build_all
+from tests.service.tiny_bundles import build_all, build_encoders
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +16,13 @@ def tiny_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """task -> bundle folder of a tiny random model (classify, qa, ner)."""
     pytest.importorskip("torch", reason="building test bundles needs torch (the service itself does not)")
     return build_all(tmp_path_factory.mktemp("bundles"))
+
+
+@pytest.fixture(scope="session")
+def encoder_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """task -> bundle folder of a tiny random encoder model (embed, fill-mask)."""
+    pytest.importorskip("torch", reason="building test bundles needs torch (the service itself does not)")
+    return build_encoders(tmp_path_factory.mktemp("encoder-bundles"))
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,25 @@ CLASSIFY_LABELS = ["negative", "positive"]
 NER_LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
 MAX_SEQ_LENGTH = 64
 TASK_NAMES = {"classify": "tiny-classify", "qa": "tiny-qa", "ner": "tiny-ner"}
+ENCODER_TASK_NAMES = {"embed": "tiny-embed", "fill-mask": "tiny-fill-mask"}
+"""The encoder tasks: BertModel's last_hidden_state (mean pooling, normalized) and the masked-LM head's logits."""
+TASK_SETTINGS = {"embed": {"pooling": "mean", "normalize": True}, "fill-mask": {"mask_token": "[MASK]"}}
+OUTPUT_ATTRIBUTES = {"fill-mask": {"logits": "prediction_logits"}}
+"""Graph output name -> the model output's attribute, where they differ."""
 
 
 def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: int = 0) -> Path:
-    """Write a bundle folder for `task` (classify, qa, ner) and return it."""
+    """Write a bundle folder for `task` (classify, qa, ner, embed, fill-mask) and return it."""
     import torch
 
     from bert_model.config import BertConfig
-    from bert_model.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+    from bert_model.heads import (
+        BertForPreTraining,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from bert_model.modeling import BertModel
     from bert_model.tokenization import BertTokenizer
 
     torch.manual_seed(seed)
@@ -44,8 +55,11 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
         "classify": BertForSequenceClassification,
         "qa": BertForQuestionAnswering,
         "ner": BertForTokenClassification,
+        "embed": BertModel,
+        "fill-mask": BertForPreTraining,
     }[task]
     model = model_class(config).eval()
+    attributes = OUTPUT_ATTRIBUTES.get(task, {})
     output_names = BundleManifest(
         name="x",
         task=task,
@@ -61,9 +75,9 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
 
         def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
             out = self.inner(input_ids, attention_mask, token_type_ids)
-            return tuple(getattr(out, n) for n in output_names)
+            return tuple(getattr(out, attributes.get(n, n)) for n in output_names)
 
-    bundle = out_dir / (name or TASK_NAMES[task])
+    bundle = out_dir / (name or {**TASK_NAMES, **ENCODER_TASK_NAMES}[task])
     bundle.mkdir(parents=True, exist_ok=True)
     example = tokenizer(["hello world", "a slightly longer example sentence"])
     args = tuple(torch.from_numpy(example[n]) for n in INPUT_NAMES)
@@ -87,9 +101,15 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
         variants={"cpu-fp32": VariantSpec("cpu-fp32.onnx", "CPUExecutionProvider", "fp32")},
         default_variants={"cpu": "cpu-fp32"},
         source={"built_by": "tests/service/tiny_bundles.py", "seed": seed},
+        task_settings=TASK_SETTINGS.get(task, {}),
     ).write(bundle)
     return bundle
 
 
 def build_all(out_dir: Path) -> dict[str, Path]:
     return {task: build_tiny_bundle(out_dir, task) for task in TASK_NAMES}
+
+
+def build_encoders(out_dir: Path) -> dict[str, Path]:
+    """The embed and fill-mask bundles (task -> folder)."""
+    return {task: build_tiny_bundle(out_dir, task) for task in ENCODER_TASK_NAMES}

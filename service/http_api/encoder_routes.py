@@ -1,0 +1,116 @@
+"""REST routes of the encoder tasks: `POST /embed` (text-embeddings-inference), `POST /v1/embeddings` (OpenAI)
+and `POST /fill-mask` (Hugging Face's fill-mask pipeline); bodies in `service.encoder_schemas`.
+
+Like the task routes, each builds a task input, calls the one `InferenceService` (batcher, limits, errors,
+metrics), and sends the timing headers; their errors are the service's (`{"error": {code, message}}`), not
+the error bodies of TEI or OpenAI.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, FastAPI, Request, Response
+
+from service.encoder_schemas import (
+    EmbedRequest,
+    FillMaskRequest,
+    FillMaskResult,
+    OpenAIEmbeddingsRequest,
+    OpenAIEmbeddingsResponse,
+)
+from service.inference import InferenceService, Outcome
+from service.pipelines import EmbedInput, FillMaskInput
+
+
+def add_encoder_routes(
+    app: FastAPI,
+    dependencies: Sequence[Any],
+    responses: dict[int | str, dict[str, Any]],
+    timeout: Callable[[Request], float | None],
+) -> None:
+    """Add the three routes, with the task routes' auth `dependencies`, error `responses` and `timeout`."""
+    router = APIRouter(dependencies=list(dependencies), responses=responses, tags=["encoder"])
+
+    @router.post("/embed", response_model=list[list[float]])
+    async def embed(body: EmbedRequest, request: Request, response: Response) -> Any:
+        """Embed texts (text-embeddings-inference's /embed): one vector per input, also for a single text."""
+        outcome = await _embed(request, body.inputs, body.normalize, body.dimensions, body.truncate, body.model)
+        _respond(response, outcome)
+        return [result["embedding"] for result in outcome.results]
+
+    @router.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse)
+    async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request, response: Response) -> Any:
+        """Embed texts (OpenAI's embeddings API): vectors as floats or base64 float32, with token usage."""
+        outcome = await _embed(request, body.input, None, body.dimensions, body.truncate, body.model)
+        _respond(response, outcome)
+        tokens = sum(result["tokens"] for result in outcome.results)
+        encode = _base64 if body.encoding_format == "base64" else _floats
+        return {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "embedding": encode(result["embedding"]), "index": index}
+                for index, result in enumerate(outcome.results)
+            ],
+            "model": outcome.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    @router.post(
+        "/fill-mask",
+        # one text: its fills (one mask) or a list of them (several); a list of texts: one of those per text
+        response_model=list[FillMaskResult] | list[list[FillMaskResult] | list[list[FillMaskResult]]],
+    )
+    async def fill_mask(body: FillMaskRequest, request: Request, response: Response) -> Any:
+        """Fill the mask tokens: `[{score, token, token_str, sequence}]` per mask (a list of lists for several)."""
+        single = isinstance(body.inputs, str)
+        targets = [body.targets] if isinstance(body.targets, str) else body.targets
+        task_input = FillMaskInput(
+            texts=[body.inputs] if isinstance(body.inputs, str) else list(body.inputs),
+            top_k=body.top_k,
+            targets=None if targets is None else list(targets),
+            truncate=body.truncate,
+        )
+        outcome = await _service(request).fill_mask(task_input, model=body.model, timeout_s=timeout(request))
+        _respond(response, outcome)
+        shaped = [masks[0] if len(masks) == 1 else masks for masks in outcome.results]
+        return shaped[0] if single else shaped
+
+    async def _embed(
+        request: Request,
+        inputs: str | list[str],
+        normalize: bool | None,
+        dimensions: int | None,
+        truncate: bool | None,
+        model: str | None,
+    ) -> Outcome:
+        task_input = EmbedInput(
+            texts=[inputs] if isinstance(inputs, str) else list(inputs),
+            normalize=normalize,
+            dimensions=dimensions,
+            truncate=truncate,
+        )
+        return await _service(request).embed(task_input, model=model, timeout_s=timeout(request))
+
+    app.include_router(router)
+
+
+def _service(request: Request) -> InferenceService:
+    service: InferenceService = request.app.state.service
+    return service
+
+
+def _respond(response: Response, outcome: Outcome) -> None:
+    response.headers.update(outcome.headers())
+
+
+def _floats(vector: list[float]) -> list[float]:
+    return vector
+
+
+def _base64(vector: list[float]) -> str:
+    """OpenAI's base64 encoding: the vector's little-endian float32 bytes."""
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
