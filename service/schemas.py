@@ -10,25 +10,53 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 from service.pipelines import ClassifyInput, NERInput, QAInput
 
 AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
 
 # Non-blank text. The pattern documents the rule in OpenAPI; the service checks it (with a message that says
-# which input is blank), so pydantic only checks the type here.
-Text = Annotated[StrictStr, Field(json_schema_extra={"pattern": r"\S"})]
+# which input is blank), so pydantic only checks the type here. Blank is what `str.strip` removes: Python's
+# whitespace, which differs from ECMA-262's `\s` (0x1c-0x1f and 0x85 are whitespace, 0xfeff is not).
+NOT_WHITESPACE = r"[^\t-\r\x1c- \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+Text = Annotated[StrictStr, Field(json_schema_extra={"pattern": NOT_WHITESPACE})]
 
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Integer options: JSON Schema counts 5.0 as the integer 5, so it is taken as 5 (a string or a bool is not).
+# Bounds go before it in `Annotated`, so that the schema states them as minimum / maximum.
+INTEGRAL = BeforeValidator(_integral)
 
 # A list of inputs holds at least one; the service checks it (pydantic would not say which list is empty).
 AT_LEAST_ONE = Field(json_schema_extra={"minItems": 1})
 
 
+def _texts_or_pairs(schema: dict[str, Any]) -> None:
+    """A classify list holds texts only or pairs only (the service says so when mixed): `items: anyOf [text,
+    pair]` becomes `anyOf [{items: text}, {items: pair}]`."""
+    kinds = schema.pop("items")["anyOf"]
+    schema["anyOf"] = [{"items": kind} for kind in kinds]
+    schema["minItems"] = 1
+
+
 def _model_field(example: str) -> Any:
     return Field(
         None,
-        description="A loaded model name (GET /v1/models); omitted = the task's default model.",
+        description="A loaded model name (GET /v1/models); omitted, null or empty = the task's default model.",
         examples=[example],
     )
 
@@ -64,11 +92,11 @@ class ClassifyRequest(_Body):
             ]
         },
     )
-    inputs: Text | TextPair | Annotated[list[Text | TextPair], AT_LEAST_ONE] = Field(
+    inputs: Text | TextPair | Annotated[list[Text | TextPair], Field(json_schema_extra=_texts_or_pairs)] = Field(
         ..., description="A text, a text pair, or a list of them (at most the server's per-request limit)."
     )
-    top_k: StrictInt | None = Field(
-        ClassifyInput.top_k, ge=1, description="Labels per input, best first; null = all labels."
+    top_k: Annotated[StrictInt, Field(ge=1), INTEGRAL] | None = Field(
+        ClassifyInput.top_k, description="Labels per input, best first; null = all labels."
     )
     model: StrictStr | None = _model_field("minilm-sst2")
     truncate: StrictBool | None = TRUNCATE_FIELD
@@ -130,19 +158,19 @@ class QARequest(_Body):
     inputs: Annotated[list[QAPair], AT_LEAST_ONE] | None = Field(
         None, description="Several {question, context} pairs (list form)."
     )
-    top_k: StrictInt = Field(QAInput.top_k, ge=1, le=20, description="Answers per question, best first.")
-    max_answer_len: StrictInt | None = Field(
+    top_k: Annotated[StrictInt, Field(ge=1, le=20), INTEGRAL] = Field(
+        QAInput.top_k, description="Answers per question, best first."
+    )
+    max_answer_len: Annotated[StrictInt, Field(ge=1, le=512), INTEGRAL] | None = Field(
         None,
-        ge=1,
-        le=512,
         description="Longest answer, in tokens; omitted = the model's (its fine-tuning setting, else 15).",
     )
     handle_impossible_answer: StrictBool = Field(
         QAInput.handle_impossible_answer,
         description="Allow the empty answer {answer: '', start: 0, end: 0} when no span beats it.",
     )
-    doc_stride: StrictInt | None = Field(
-        None, ge=0, description="Tokens shared by consecutive windows of a long context; omitted = model default."
+    doc_stride: Annotated[StrictInt, Field(ge=0), INTEGRAL] | None = Field(
+        None, description="Tokens shared by consecutive windows of a long context; omitted = model default."
     )
     model: StrictStr | None = _model_field("minilm-squad")
     truncate: StrictBool | None = TRUNCATE_FIELD

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.errors import InvalidInput, InvalidJson, ServiceError, Unauthenticated
 from service.http_api.drain import DrainMiddleware
 from service.http_api.middleware import SERVER_HEADERS, BodyLimitMiddleware, MetricsMiddleware, error_response
-from service.http_api.openapi import describe_loaded_models
+from service.http_api.openapi import describe_server
 from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
 from service.metrics import CONTENT_TYPE, ServiceMetrics
 from service.pipelines import ClassifyInput, NERInput, QAInput
@@ -45,6 +45,9 @@ from service.schemas import (
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
+
+NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
+"""With top_k 1 each input gets one answer: this one when its context has no span to read (no tokens)."""
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
@@ -89,7 +92,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(DrainMiddleware, state=app.state.service.state)
     _add_routes(app)
-    describe_loaded_models(app)
+    describe_server(app)
     return app
 
 
@@ -248,7 +251,7 @@ def _add_routes(app: FastAPI) -> None:
         )
         outcome = await _service(request).qa(task_input, model=body.model, timeout_s=_timeout(request))
         _respond(response, outcome)
-        shaped = [answers[0] if body.top_k == 1 and answers else answers for answers in outcome.results]
+        shaped = [(answers or [NO_ANSWER])[0] if body.top_k == 1 else answers for answers in outcome.results]
         return shaped[0] if single else shaped
 
     @app.post(

@@ -1,48 +1,86 @@
-"""The served OpenAPI schema: FastAPI's, plus what only the loaded models tell (which `model` names exist).
+"""The served OpenAPI schema: FastAPI's, plus what only this server knows, so that a request valid by the schema
+is one the server takes.
 
-Before the models are loaded the schema is FastAPI's own (`model`: any string, an example per route). Once they
-are, each task request's `model` field lists the loaded models of that task, with the task's default as its
-example: a schema-valid request names a model the server has.
+From the settings: at most `max_inputs_per_request` inputs in a list, texts of at most `max_text_chars`
+characters. Once the models are loaded: each task request's `model` lists the loaded models of that task and ""
+(the task's default, as omitted or null; the default is the example), and QA's `doc_stride` stays below the
+context tokens of every loaded QA model's windows. Before that the schema holds for any model (`model`: any
+name, an example per route).
 Reference: https://fastapi.tiangolo.com/how-to/extending-openapi/
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 from fastapi import FastAPI
+
+from service.settings import ServiceSettings
 
 REQUEST_TASKS = {"ClassifyRequest": "classify", "QARequest": "qa", "NERRequest": "ner"}
 """Request body schema -> the task whose models its `model` field names."""
 
 
-def describe_loaded_models(app: FastAPI) -> None:
-    """Make `app.openapi()` list the loaded models once the service is ready (built once, then cached)."""
+def describe_server(app: FastAPI) -> None:
+    """Make `app.openapi()` state the server's limits, and its models once they are loaded (then cached)."""
     base = app.openapi
     loaded: dict[str, Any] = {}
 
     def openapi() -> dict[str, Any]:
         service = app.state.service
         if not service.state.ready:
-            return base()
+            return with_limits(base(), app.state.settings)
         if not loaded:
-            loaded.update(with_models(base(), service.list_models()))
+            schema = with_limits(base(), app.state.settings)
+            loaded.update(with_models(schema, service.list_models(), _qa_context_rooms(service)))
         return loaded
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def with_models(schema: dict[str, Any], models: list[dict[str, Any]]) -> dict[str, Any]:
-    """A copy of `schema` whose task requests' `model` fields enumerate `models` (`GET /v1/models` entries)."""
+def with_limits(schema: dict[str, Any], settings: ServiceSettings) -> dict[str, Any]:
+    """A copy of `schema` whose input lists and texts carry the per-request limits of `settings`."""
+    schema = copy.deepcopy(schema)
+    for node in _nodes(schema.get("components", {}).get("schemas", {})):
+        if node.get("minItems") == 1:  # the lists of inputs (service.schemas.AT_LEAST_ONE)
+            node["maxItems"] = settings.max_inputs_per_request
+        if node.get("type") == "string" and "pattern" in node:  # the texts (service.schemas.Text)
+            node["maxLength"] = settings.max_text_chars
+    return schema
+
+
+def with_models(schema: dict[str, Any], models: list[dict[str, Any]], qa_rooms: list[int]) -> dict[str, Any]:
+    """A copy of `schema` whose task requests name the loaded `models` (`GET /v1/models` entries) and whose
+    `doc_stride` is below the smallest of `qa_rooms` (context tokens per window of each QA model)."""
     schema = copy.deepcopy(schema)
     components = schema.get("components", {}).get("schemas", {})
     for name, task in REQUEST_TASKS.items():
-        field = components.get(name, {}).get("properties", {}).get("model")
+        properties = components.get(name, {}).get("properties", {})
         names = [model["name"] for model in models if model["task"] == task]
-        if field is None or not names:
-            continue
-        default = next(model["name"] for model in models if model["task"] == task and model["is_default"])
-        field["anyOf"] = [{"type": "string", "enum": names}, {"type": "null"}]
-        field["examples"] = [default]
+        if "model" in properties and names:
+            default = next(model["name"] for model in models if model["task"] == task and model["is_default"])
+            properties["model"]["anyOf"] = [{"type": "string", "enum": [*names, ""]}, {"type": "null"}]
+            properties["model"]["examples"] = [default]
+    stride = components.get("QARequest", {}).get("properties", {}).get("doc_stride")
+    if stride is not None and qa_rooms:
+        for option in stride.get("anyOf", []):
+            if option.get("type") == "integer":
+                option["maximum"] = min(qa_rooms) - 1
     return schema
+
+
+def _qa_context_rooms(service: Any) -> list[int]:
+    return [model.pipeline.windows.context_room for model in service.models.values() if model.bundle.task == "qa"]
+
+
+def _nodes(value: Any) -> Iterator[dict[str, Any]]:
+    """Every JSON object inside `value`, depth first."""
+    if isinstance(value, dict):
+        yield value
+        for child in value.values():
+            yield from _nodes(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _nodes(child)

@@ -128,6 +128,17 @@ def test_qa_over_long_question_is_cut_or_rejected(client: httpx.Client) -> None:
     assert "question[0]" in message and "30 tokens" in message and "truncate" in message
 
 
+def test_qa_context_without_tokens_gets_the_empty_answer(client: httpx.Client) -> None:
+    # a control character is no token: no span to read, so top_k=1 answers with the empty answer
+    inputs = [{"question": "Where?", "context": "\x03"}, {"question": "Where?", "context": "In Paris."}]
+    response = client.post("/qa", json={"inputs": inputs})
+    assert response.status_code == 200, response.text
+    first, second = response.json()
+    assert first == {"answer": "", "score": 0.0, "start": 0, "end": 0} and second["answer"]
+    assert client.post("/qa", json=inputs[0]).json() == first
+    assert client.post("/qa", json={**inputs[0], "top_k": 2}).json() == []
+
+
 def test_qa_impossible_answer_and_stride(client: httpx.Client) -> None:
     body = {"question": "What?", "context": LONG_CONTEXT, "handle_impossible_answer": True, "doc_stride": 4}
     answer = client.post("/qa", json=body).json()
@@ -184,9 +195,33 @@ def test_openapi_documents_routes_with_examples(client: httpx.Client) -> None:
     spec = client.get("/openapi.json").json()
     for path in ("/classify", "/qa", "/ner", "/v1/models", "/health/live", "/health/ready", "/metrics"):
         assert path in spec["paths"]
+    schemas = spec["components"]["schemas"]
     for name in ("ClassifyRequest", "QARequest", "NERRequest"):
-        assert spec["components"]["schemas"][name]["examples"]
+        assert schemas[name]["examples"]
     assert "429" in spec["paths"]["/classify"]["post"]["responses"]
+    # what the server enforces, stated: its loaded models, its limits, QA's two forms
+    for name, model in (("ClassifyRequest", "tiny-classify"), ("QARequest", "tiny-qa"), ("NERRequest", "tiny-ner")):
+        field = schemas[name]["properties"]["model"]
+        assert field["anyOf"][0]["enum"] == [model, ""] and field["examples"] == [model]
+    ner_list = schemas["NERRequest"]["properties"]["inputs"]["anyOf"][1]
+    assert (ner_list["minItems"], ner_list["maxItems"], ner_list["items"]["maxLength"]) == (1, 64, 100_000)
+    assert schemas["QARequest"]["properties"]["doc_stride"]["anyOf"][0]["maximum"] == MAX_SEQ_LENGTH - 30 - 3 - 1
+    assert [form["required"] for form in schemas["QARequest"]["oneOf"]] == [["question", "context"], ["inputs"]]
+
+
+def test_openapi_before_loading_gives_each_route_its_default_model_as_example() -> None:
+    from service.http_api import create_app
+
+    schemas = create_app().openapi()["components"]["schemas"]
+    examples = {
+        name: schemas[name]["properties"]["model"]["examples"]
+        for name in ("ClassifyRequest", "QARequest", "NERRequest")
+    }
+    assert examples == {
+        "ClassifyRequest": ["minilm-sst2"],
+        "QARequest": ["minilm-squad"],
+        "NERRequest": ["minilm-conll03"],
+    }
 
 
 # ---- bad input: always 4xx with a useful message, and the server keeps serving -------------------------
@@ -246,23 +281,32 @@ def test_oversized_body_is_413(client: httpx.Client) -> None:
     assert client.post("/classify", json={"inputs": "still serving"}).status_code == 200
 
 
-def test_openapi_fuzzing_finds_no_server_error(server: ServerProcess, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """schemathesis: examples, coverage and random fuzzing of every operation; no 5xx, responses match the schema.
+# The request body limit (413) is the one rule JSON Schema cannot state: a body over `max_body_bytes` is refused
+# whether or not it is valid. Every other rule the server checks is in the served schema.
+SCHEMATHESIS_CONFIG = """
+[checks.positive_data_acceptance]
+expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "413", "429", "5xx"]
 
-    `positive_data_acceptance` is left out on purpose: some schema-valid bodies are rightly refused (an unknown
-    `model` name, the configurable per-request limits, question without context).
-    """
+[checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
+"""
+
+
+def test_openapi_fuzzing_finds_no_server_error(server: ServerProcess, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """schemathesis with every check: examples, coverage and random fuzzing of every operation; no 5xx, responses
+    match the schema, schema-valid requests are accepted and schema-invalid ones refused."""
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
     binary = shutil.which("schemathesis") or str(Path(sys.executable).with_name("schemathesis"))
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(SCHEMATHESIS_CONFIG)
     result = subprocess.run(
         [
-            binary, "run", f"{server.url}/openapi.json", "--checks", "all",
-            "--exclude-checks", "positive_data_acceptance", "--max-examples", "100", "--seed", "7",
-            "--no-color", "--workers", "2", "--request-timeout", "30",
+            binary, "--config-file", str(config), "run", f"{server.url}/openapi.json", "--checks", "all",
+            "--max-examples", "100", "--seed", "7", "--no-color", "--workers", "2", "--request-timeout", "30",
         ],
         capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )  # fmt: skip
