@@ -15,7 +15,7 @@ class Endpoint:
     protocol: str
     """`rest` or `grpc`."""
     task: str
-    """`classify`, `qa` or `ner`: which payloads it takes and which model serves it."""
+    """`classify`, `qa`, `ner` or `embed`: which payloads it takes and which model serves it."""
 
 
 ENDPOINTS: dict[str, Endpoint] = {
@@ -24,13 +24,16 @@ ENDPOINTS: dict[str, Endpoint] = {
         Endpoint("/classify", "rest", "classify"),
         Endpoint("/qa", "rest", "qa"),
         Endpoint("/ner", "rest", "ner"),
+        Endpoint("/embed", "rest", "embed"),
+        Endpoint("/v1/embeddings", "rest", "embed"),
         Endpoint("Classifier.Classify", "grpc", "classify"),
         Endpoint("QA.Extract", "grpc", "qa"),
         Endpoint("NER.Recognize", "grpc", "ner"),
+        Endpoint("Embedder.Embed", "grpc", "embed"),
     )
 }
-ALIASES = {"classify": "/classify", "qa": "/qa", "ner": "/ner"}
-REST_OF_TASK = {"classify": "/classify", "qa": "/qa", "ner": "/ner"}
+ALIASES = {"classify": "/classify", "qa": "/qa", "ner": "/ner", "embed": "/embed"}
+REST_OF_TASK = {"classify": "/classify", "qa": "/qa", "ner": "/ner", "embed": "/embed"}
 DEFAULT_MIX = "/classify=1,/qa=1,/ner=1"
 
 Mix = dict[str, int]
@@ -82,6 +85,6 @@ def as_rest(mix: Mix) -> Mix:
     """The same mix over REST only (for the naive peer, which has no gRPC front door)."""
     rest: Mix = {}
     for name, weight in mix.items():
-        rest_name = REST_OF_TASK[ENDPOINTS[name].task]
+        rest_name = name if ENDPOINTS[name].protocol == "rest" else REST_OF_TASK[ENDPOINTS[name].task]
         rest[rest_name] = rest.get(rest_name, 0) + weight
     return rest

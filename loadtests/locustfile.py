@@ -1,11 +1,12 @@
 """Locust users for the bertserve front doors, driven by a config file the runner writes.
 
-`RestUser` (FastHttpUser) calls POST /classify, /qa, /ner; `GrpcUser` calls Classifier.Classify, QA.Extract,
-NER.Recognize through the generated bert.v1 stubs and reports every call through locust's request event,
-like HTTP calls are. Each user picks its next call from the weighted mix with its own seeded generator and
-sends one input drawn from the payloads. A request-event listener turns every call (both protocols) into a
-`Sample` with the server's queue and inference times (headers / trailing metadata); the samples are written
-when the test stops, and a progress file is refreshed every second for the runner's progress line.
+`RestUser` (FastHttpUser) calls POST /classify, /qa, /ner, /embed, /v1/embeddings; `GrpcUser` calls
+Classifier.Classify, QA.Extract, NER.Recognize, Embedder.Embed through the generated bert.v1 stubs and reports
+every call through locust's request event, like HTTP calls are. Each user picks its next call from the weighted
+mix with its own seeded generator and sends one input drawn from the payloads. A request-event listener turns
+every call (both protocols) into a `Sample` with the server's queue and inference times (headers / trailing
+metadata); the samples are written when the test stops, and a progress file is refreshed every second for the
+runner's progress line.
 `ProfileShape` follows the profile's stages. Run by `bertserve loadtest`; by hand:
 `locust -f loadtests/locustfile.py --headless --bertserve-config run/config.json --host http://127.0.0.1:8000`.
 Reference: https://docs.locust.io/en/stable/testing-other-systems.html (gRPC with gevent, request events).
@@ -155,17 +156,23 @@ class _MixUser(User):
             gevent.sleep(float(CONFIG["reject_backoff_s"]))
 
     def payload(self, task_name: str) -> Any:
-        return self.rng.choice(getattr(PAYLOADS, task_name))
+        return self.rng.choice(getattr(PAYLOADS, PAYLOAD_OF_TASK.get(task_name, task_name)))
 
     def send(self, endpoint: Endpoint) -> bool:
         """Send one call; True when the server rejected it (429 / RESOURCE_EXHAUSTED)."""
         raise NotImplementedError
 
 
-def rest_body(task_name: str, payload: Any) -> dict[str, Any]:
+PAYLOAD_OF_TASK = {"embed": "classify"}
+"""Tasks that send another task's payloads: embeddings are computed for the classification sentences."""
+
+
+def rest_body(task_name: str, payload: Any, path: str = "") -> dict[str, Any]:
     if task_name == "qa":
         question, context = payload
         return {"question": question, "context": context}
+    if path == "/v1/embeddings":
+        return {"input": payload}
     return {"inputs": payload}
 
 
@@ -173,6 +180,9 @@ def rest_shape_problem(task_name: str, body: Any) -> str | None:
     """Why a 200 body is not the answer shape the task promises (None when it is)."""
     if task_name == "qa":
         ok = isinstance(body, dict) and "answer" in body
+    elif task_name == "embed":  # TEI: [[float, ...]]; OpenAI: {"data": [{"embedding": [...]}]}
+        vectors = body.get("data") if isinstance(body, dict) else body
+        ok = isinstance(vectors, list) and len(vectors) == 1
     else:
         ok = isinstance(body, list) and (task_name == "ner" or (bool(body) and "label" in body[0]))
     return None if ok else f"unexpected {task_name} answer shape: {str(body)[:120]}"
@@ -184,7 +194,7 @@ class RestUser(FastHttpUser, _MixUser):
     wait_time = constant(0)
 
     def send(self, endpoint: Endpoint) -> bool:
-        body = rest_body(endpoint.task, self.payload(endpoint.task))
+        body = rest_body(endpoint.task, self.payload(endpoint.task), endpoint.name)
         with self.client.post(endpoint.name, json=body, name=endpoint.name, catch_response=True) as response:
             if response.status_code == 200:
                 try:
@@ -214,7 +224,14 @@ def grpc_request(task_name: str, payload: Any) -> Any:
     if task_name == "qa":
         question, context = payload
         return pb.ExtractRequest(inputs=[pb.QAInput(question=question, context=context)])
+    if task_name == "embed":
+        return pb.EmbedRequest(texts=[payload])
     return pb.RecognizeRequest(texts=[payload])
+
+
+def grpc_result_count(response: Any) -> int:
+    """Results in a bert.v1 response: `embeddings` of an EmbedResponse, `results` of the others."""
+    return len(response.embeddings if hasattr(response, "embeddings") else response.results)
 
 
 class GrpcUser(_MixUser):
@@ -228,6 +245,7 @@ class GrpcUser(_MixUser):
             "Classifier.Classify": pb_grpc.ClassifierStub(self.channel).Classify,
             "QA.Extract": pb_grpc.QAStub(self.channel).Extract,
             "NER.Recognize": pb_grpc.NERStub(self.channel).Recognize,
+            "Embedder.Embed": pb_grpc.EmbedderStub(self.channel).Embed,
         }
 
     def on_stop(self) -> None:
@@ -243,8 +261,8 @@ class GrpcUser(_MixUser):
             response, call = self.methods[endpoint.name].with_call(request, timeout=timeout)
             result = GrpcResult("OK", call.trailing_metadata())
             length = response.ByteSize()
-            if len(response.results) != 1:
-                exception = GrpcCallError(f"{len(response.results)} results for 1 input")
+            if grpc_result_count(response) != 1:
+                exception = GrpcCallError(f"{grpc_result_count(response)} results for 1 input")
         except grpc.RpcError as error:
             code = error.code().name if error.code() is not None else "UNKNOWN"
             result = GrpcResult(code, error.trailing_metadata())

@@ -1,14 +1,17 @@
 """The naive peer: what a user might write in an afternoon instead of bertserve, served for comparison only.
 
-FastAPI + Hugging Face `transformers` on PyTorch (eager, fp32, default threads), one request at a time (a
-lock around the model), no batching, no queue limit, no timeouts. Same REST paths and answer shapes as the
-service (`POST /classify`, `/qa`, `/ner`), so the same locust users drive both. /classify and /ner are the
-`text-classification` and `token-classification` pipelines. transformers 5 removed the `question-answering`
-pipeline, so /qa is what its users now write by hand (`NaiveQA`): the tokenizer's overflowing windows of 384
-tokens with stride 128 (the old pipeline's defaults), one forward pass over the windows of a request, and the
-best span of the top-20 start x end logits, as the Hugging Face course's question-answering chapter decodes
-it. It adds `x-queue-time-ms` (waiting for the lock) and `x-inference-time-ms` (the model call) headers so
-the report can show where its time goes. `GET /health` answers once the models are loaded.
+FastAPI + Hugging Face `transformers` on PyTorch (eager, fp32, default threads), one request at a time (a lock
+around the model), no batching, no queue limit, no timeouts. Same REST paths and answer shapes as the service
+(`POST /classify`, `/qa`, `/ner`, `/embed`, `/v1/embeddings`), so the same locust users drive both. /classify
+and /ner are the `text-classification` and `token-classification` pipelines. transformers 5 removed the
+`question-answering` pipeline, so /qa is what its users now write by hand (`NaiveQA`): the tokenizer's
+overflowing windows of 384 tokens with stride 128 (the old pipeline's defaults), one forward pass over the
+windows of a request, and the best span of the top-20 start x end logits, as the Hugging Face course's
+question-answering chapter decodes it. /embed and /v1/embeddings are what the sentence-transformers model card
+shows for use with plain `transformers` (`NaiveEmbed`): AutoModel, mean pooling of the token states under the
+attention mask, L2 normalization; TEI's and OpenAI's answer shapes. It adds `x-queue-time-ms` (waiting for the
+lock) and `x-inference-time-ms` (the model call) headers so the report can show where its time goes. `GET
+/health` answers once the models are loaded.
 
 Model folders: a full Hugging Face checkpoint is used as it is; a project model name or composite folder
 (base + adapter + head, see bert_model/adapters.py) is first saved as a plain checkpoint under
@@ -31,7 +34,7 @@ from typing import Any
 from fastapi import FastAPI, Response
 
 PIPELINE_TASKS = {"classify": "text-classification", "ner": "token-classification"}
-TASKS = ("classify", "qa", "ner")
+TASKS = ("classify", "qa", "ner", "embed")
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 DEFAULT_CACHE = Path(__file__).resolve().parents[1] / "artifacts" / "peer"
@@ -55,11 +58,13 @@ def hf_checkpoint(name_or_path: str, task: str, cache_dir: Path = DEFAULT_CACHE)
     if (target / "model.safetensors").is_file() and _read_stamp(target) == stamp:
         return target
     from bert_model.heads import BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
+    from bert_model.modeling import BertModel
 
     model_class = {
         "classify": BertForSequenceClassification,
         "qa": BertForQuestionAnswering,
         "ner": BertForTokenClassification,
+        "embed": BertModel,
     }[task]
     scratch = cache_dir / f".{folder.name}.tmp"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -140,10 +145,32 @@ class NaiveQA:
         return best
 
 
+class NaiveEmbed:
+    """Texts -> unit-length sentence vectors: `transformers` + mean pooling, as sentence-transformers computes."""
+
+    def __init__(self, folder: str) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        self.model = AutoModel.from_pretrained(folder).eval()
+
+    def __call__(self, texts: list[str]) -> list[list[float]]:
+        import torch
+
+        encoded = self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
+        with torch.no_grad():
+            states = self.model(**encoded).last_hidden_state  # (B, S, H)
+        mask = encoded["attention_mask"].unsqueeze(-1).float()
+        pooled = (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1).tolist()
+
+
 def _load(task: str, folder: str) -> Any:
     """The callable that answers `task` with the model in `folder`."""
     if task == "qa":
         return NaiveQA(folder)
+    if task == "embed":
+        return NaiveEmbed(folder)
     from transformers import pipeline
 
     return pipeline(PIPELINE_TASKS[task], model=folder, device="cpu")  # type: ignore[call-overload]
@@ -192,6 +219,20 @@ def create_app(models: dict[str, str], cache_dir: Path = DEFAULT_CACHE) -> FastA
         """Entities grouped the simple way, like the token-classification pipeline."""
         return run("ner", response, inputs=body["inputs"], aggregation_strategy="simple")
 
+    @app.post("/embed")
+    def embed(body: dict, response: Response) -> Any:
+        """One unit-length mean-pooled vector per input, as text-embeddings-inference answers."""
+        inputs = body["inputs"]
+        return run("embed", response, texts=[inputs] if isinstance(inputs, str) else inputs)
+
+    @app.post("/v1/embeddings")
+    def openai_embeddings(body: dict, response: Response) -> Any:
+        """The same vectors in OpenAI's embeddings answer (floats; usage not counted)."""
+        inputs = body["input"]
+        vectors = run("embed", response, texts=[inputs] if isinstance(inputs, str) else inputs)
+        data = [{"object": "embedding", "embedding": vector, "index": i} for i, vector in enumerate(vectors)]
+        return {"object": "list", "data": data, "model": "naive", "usage": {"prompt_tokens": 0, "total_tokens": 0}}
+
     @app.get("/health")
     def health() -> dict[str, str]:
         """The models are loaded."""
@@ -204,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
-    parser.add_argument("--model", action="append", default=[], help="TASK=NAME_OR_FOLDER (classify, qa, ner)")
+    parser.add_argument("--model", action="append", default=[], help="TASK=NAME_OR_FOLDER (classify, qa, ner, embed)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args(argv)
     models = dict(item.split("=", 1) for item in args.model)

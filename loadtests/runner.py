@@ -46,7 +46,7 @@ from loadtests.targets import REPO, RunningServer, Target, check_external, naive
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 DEFAULT_RESULTS = REPO / "loadtests" / "results"
 DEFAULT_BUNDLES_DIR = REPO / "artifacts" / "bundles"
-DEFAULT_MODELS = {"classify": "minilm-sst2", "qa": "minilm-squad", "ner": "minilm-conll03"}
+DEFAULT_MODELS = {"classify": "minilm-sst2", "qa": "minilm-squad", "ner": "minilm-conll03", "embed": "minilm"}
 EXIT_OK, EXIT_REGRESSION, EXIT_CHECKS = 0, 3, 4
 
 

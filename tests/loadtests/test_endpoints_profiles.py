@@ -24,6 +24,13 @@ def test_rest_equivalent_for_the_naive_peer() -> None:
     }
 
 
+def test_embedding_endpoints_and_their_rest_equivalents() -> None:
+    mix = parse_mix("embed=2,/v1/embeddings=1,Embedder.Embed=1")
+    assert mix == {"/embed": 2, "/v1/embeddings": 1, "Embedder.Embed": 1}
+    assert tasks(mix) == ["embed"] and protocols(mix) == {"rest", "grpc"}
+    assert as_rest(mix) == {"/embed": 3, "/v1/embeddings": 1}  # the peer serves both REST dialects
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

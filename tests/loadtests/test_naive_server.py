@@ -75,3 +75,25 @@ def test_naive_qa_answers_from_the_context_over_rest(tmp_path: Path) -> None:
         assert context[body["start"] : body["end"]] == body["answer"] and body["answer"].strip()
         assert float(response.headers["x-inference-time-ms"]) > 0
     assert client.post("/classify", json={"inputs": "x"}).status_code == 404
+
+
+def test_naive_embed_equals_sentence_transformers_over_rest(tmp_path: Path) -> None:
+    """The peer's /embed and /v1/embeddings: MiniLM's sentence-transformers vectors (mean pooling, unit length)."""
+    pytest.importorskip("torch", reason="the naive peer runs PyTorch")
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    import numpy as np
+    from fastapi.testclient import TestClient
+
+    from bert_model.registry import resolve_model_path
+    from loadtests.naive_server import create_app
+
+    folder = resolve_model_path("minilm")
+    texts = ["A man is playing a guitar.", "The new movie is awesome, really."]
+    expected = sentence_transformers.SentenceTransformer(str(folder), device="cpu").encode(texts)
+    client = TestClient(create_app({"embed": str(folder)}, tmp_path / "cache"))
+    tei = client.post("/embed", json={"inputs": texts})
+    assert tei.status_code == 200 and float(tei.headers["x-inference-time-ms"]) > 0
+    np.testing.assert_allclose(tei.json(), expected, atol=1e-5)
+    openai = client.post("/v1/embeddings", json={"input": texts[0]}).json()
+    assert [item["index"] for item in openai["data"]] == [0]
+    np.testing.assert_allclose(openai["data"][0]["embedding"], expected[0], atol=1e-5)
