@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from bert_model.cli_errors import exit_on_user_error
-from export.variants import DEFAULT_VARIANTS
+from export.variant_names import DEFAULT_VARIANTS
 
 DEFAULT_BENCH_OUT = Path("artifacts/bench")
 
