@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import InvalidInput, InvalidJson, ServiceError, Unauthenticated
 from service.http_api.drain import DrainMiddleware
+from service.http_api.encoder_routes import add_encoder_routes
 from service.http_api.middleware import SERVER_HEADERS, BodyLimitMiddleware, MetricsMiddleware, error_response
 from service.http_api.openapi import describe_server
 from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
@@ -72,7 +73,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app = FastAPI(
         title="bertserve",
         version="1.0.0",
-        summary="BERT classification, question answering and NER with server-side tokenization.",
+        summary="BERT classification, question answering, NER, embeddings and fill-mask with server-side tokenization.",
         lifespan=_lifespan,
     )
     app.state.settings = settings
@@ -269,6 +270,8 @@ def _add_routes(app: FastAPI) -> None:
         outcome = await _service(request).ner(task_input, model=body.model, timeout_s=_timeout(request))
         _respond(response, outcome)
         return outcome.results[0] if single else outcome.results
+
+    add_encoder_routes(app, secured, ERROR_RESPONSES, _timeout)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, dependencies=secured, tags=["models"])
     async def models(request: Request) -> Any:

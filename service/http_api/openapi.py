@@ -19,7 +19,14 @@ from fastapi import FastAPI
 
 from service.settings import ServiceSettings
 
-REQUEST_TASKS = {"ClassifyRequest": "classify", "QARequest": "qa", "NERRequest": "ner"}
+REQUEST_TASKS = {
+    "ClassifyRequest": "classify",
+    "QARequest": "qa",
+    "NERRequest": "ner",
+    "EmbedRequest": "embed",
+    "OpenAIEmbeddingsRequest": "embed",
+    "FillMaskRequest": "fill-mask",
+}
 """Request body schema -> the task whose models its `model` field names."""
 
 

@@ -185,6 +185,17 @@ def test_models_and_health_list_the_encoder_tasks(http: httpx.Client, channel: g
         assert status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_openapi_names_the_loaded_encoder_models(http: httpx.Client) -> None:
+    schemas = http.get("/openapi.json").json()["components"]["schemas"]
+    for name, model in (
+        ("EmbedRequest", "tiny-embed"),
+        ("OpenAIEmbeddingsRequest", "tiny-embed"),
+        ("FillMaskRequest", "tiny-fill-mask"),
+    ):
+        (named,) = [option for option in schemas[name]["properties"]["model"]["anyOf"] if "enum" in option]
+        assert model in named["enum"] and "tiny-classify" not in named["enum"]
+
+
 # ---- bad input ----------------------------------------------------------------------------------------
 BAD_REST = [
     ("/embed", {"inputs": []}, "at least one"),
