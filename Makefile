@@ -46,7 +46,7 @@ clean:
 # ---- service ----------------------------------------------------------------------------------------------
 .PHONY: serve triton-venv bench-service
 BUNDLES_DIR ?= artifacts/bundles
-DEFAULT_BUNDLES := minilm-sst2 minilm-squad minilm-conll03
+DEFAULT_BUNDLES := minilm-sst2 minilm-squad minilm-conll03 minilm
 
 # gRPC stubs + .pyi type stubs into the git-ignored proto/gen/ (imported as proto.gen.bert.v1).
 proto: install
