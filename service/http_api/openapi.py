@@ -4,8 +4,9 @@ is one the server takes.
 From the settings: at most `max_inputs_per_request` inputs in a list, texts of at most `max_text_chars`
 characters. Once the models are loaded: each task request's `model` lists the loaded models of that task and ""
 (the task's default, as omitted or null; the default is the example), and QA's `doc_stride` stays below the
-context tokens of every loaded QA model's windows. Before that the schema holds for any model (`model`: any
-name, an example per route).
+context tokens of every loaded QA model's windows, and the routes of a task without a loaded model (they answer
+422 "no ... model is loaded") are left out. Before that the schema holds for any model (`model`: any name, an
+example per route).
 Reference: https://fastapi.tiangolo.com/how-to/extending-openapi/
 """
 
@@ -70,12 +71,23 @@ def with_models(schema: dict[str, Any], models: list[dict[str, Any]], qa_rooms: 
             default = next(model["name"] for model in models if model["task"] == task and model["is_default"])
             properties["model"]["anyOf"] = [{"type": "string", "enum": [*names, ""]}, {"type": "null"}]
             properties["model"]["examples"] = [default]
+    served = {model["task"] for model in models}
+    for path, operations in list(schema.get("paths", {}).items()):
+        request = _request_schema(operations.get("post", {}))
+        if request in REQUEST_TASKS and REQUEST_TASKS[request] not in served:
+            del schema["paths"][path]
     stride = components.get("QARequest", {}).get("properties", {}).get("doc_stride")
     if stride is not None and qa_rooms:
         for option in stride.get("anyOf", []):
             if option.get("type") == "integer":
                 option["maximum"] = min(qa_rooms) - 1
     return schema
+
+
+def _request_schema(operation: dict[str, Any]) -> str:
+    """The component name of an operation's JSON request body ("" when it has none)."""
+    reference = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+    return str(reference.get("$ref", "")).rpartition("/")[2]
 
 
 def _qa_context_rooms(service: Any) -> list[int]:

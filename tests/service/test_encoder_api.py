@@ -194,6 +194,9 @@ def test_openapi_names_the_loaded_encoder_models(http: httpx.Client) -> None:
     ):
         (named,) = [option for option in schemas[name]["properties"]["model"]["anyOf"] if "enum" in option]
         assert model in named["enum"] and "tiny-classify" not in named["enum"]
+    paths = http.get("/openapi.json").json()["paths"]
+    assert {"/embed", "/v1/embeddings", "/fill-mask", "/classify"} <= set(paths)
+    assert "/qa" not in paths and "/ner" not in paths  # no model of those tasks is loaded here
 
 
 # ---- bad input ----------------------------------------------------------------------------------------
