@@ -262,25 +262,12 @@ class QAPipeline(Pipeline):
         self.windows = qa_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length)
         self.max_seq_length = self.windows.max_seq_length
 
-    @property
-    def max_question_tokens(self) -> int:
-        return self.windows.max_query_length
-
-    @property
-    def context_room(self) -> int:
-        """Context tokens per window: what the question and the three special tokens leave."""
-        return self.windows.context_room
-
-    @property
-    def default_stride(self) -> int:
-        return self.windows.doc_stride
-
     def _features(self, request: QAInput) -> list[Feature]:
-        stride = self.default_stride if request.doc_stride is None else request.doc_stride
-        if stride >= self.context_room:
+        stride = self.windows.doc_stride if request.doc_stride is None else request.doc_stride
+        if stride >= self.windows.context_room:
             raise InvalidInput(
                 f"doc_stride {stride} must be smaller than the context tokens of one window "
-                f"({self.context_room} for this model)"
+                f"({self.windows.context_room} for this model)"
             )
         features = build_qa_features(
             self.tokenizer,
@@ -288,7 +275,7 @@ class QAPipeline(Pipeline):
             request.contexts,
             max_seq_length=self.max_seq_length,
             doc_stride=stride,
-            max_query_length=self.max_question_tokens,
+            max_query_length=self.windows.max_query_length,
         )
         if request.truncate is False:
             _reject_windows(features, "context", self.max_seq_length)

@@ -66,7 +66,7 @@ def test_qa_windows_follow_the_manifest_task_settings(qa_bundles: dict[str, Path
     trained, old = qa_pipeline(qa_bundles["trained"]), qa_pipeline(qa_bundles["old"])
     request = QAInput(questions=[QUESTION], contexts=[CONTEXT])
     features = trained.features(request)
-    assert trained.max_seq_length == 48 and trained.default_stride == 16 and trained.max_question_tokens == 12
+    assert trained.max_seq_length == 48 and trained.windows.doc_stride == 16 and trained.windows.max_query_length == 12
     assert len(features) >= 2 and max(len(f) for f in features) == 48
     assert all(f.context_start == 12 + 2 for f in features)  # [CLS] + 12 question tokens + [SEP]
     assert len(old.features(request)) == 1 and old.max_seq_length == CAPACITY  # the graph's length, as before
@@ -79,7 +79,7 @@ def test_qa_windows_follow_the_manifest_task_settings(qa_bundles: dict[str, Path
 def test_settings_longer_than_the_graph_are_shrunk_to_it(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
     settings = {**TRAINED, "max_seq_length": 256, "doc_stride": 128, "max_query_length": 64}
     pipeline = qa_pipeline(rewrite(tiny_bundles["qa"], tmp_path / "long", 64, settings))
-    assert (pipeline.max_seq_length, pipeline.max_question_tokens, pipeline.default_stride) == (64, 30, 15)
+    assert (pipeline.max_seq_length, pipeline.windows.max_query_length, pipeline.windows.doc_stride) == (64, 30, 15)
     with pytest.raises(ValueError, match="doc_stride 40"):
         make_pipeline(open_bundle(rewrite(tiny_bundles["qa"], tmp_path / "bad", 64, {**TRAINED, "doc_stride": 40})))
 
@@ -92,7 +92,7 @@ def test_an_old_manifest_without_task_settings_loads_and_serves_as_before(
     assert "task_settings" not in json.loads((old_qa / MANIFEST_FILE).read_text())
     assert BundleManifest.read(old_qa).task_settings == {}
     qa = qa_pipeline(old_qa)  # the windows the service has always derived from the graph's length
-    assert (qa.max_seq_length, qa.max_question_tokens, qa.default_stride) == (64, 30, 15)
+    assert (qa.max_seq_length, qa.windows.max_query_length, qa.windows.doc_stride) == (64, 30, 15)
     assert qa.windows.max_answer_length == 15 and qa.windows.null_threshold == 0.0
     ner = make_pipeline(open_bundle(old_ner))
     assert isinstance(ner, NERPipeline) and (ner.max_seq_length, ner.stride) == (64, 15)
