@@ -28,7 +28,7 @@ import onnx
 import torch
 from torch import nn
 
-from bert_model.config import BertConfig
+from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
 from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec
 from bert_model.tokenization import BertTokenizer
@@ -142,7 +142,7 @@ def _tokenizer_of(folder: Path, config: BertConfig) -> BertTokenizer:
     try:
         return BertTokenizer.from_pretrained(folder)
     except FileNotFoundError:
-        base = config.extra.get("bertserve", {}).get("base_model")
+        base = config.extra.get(META_KEY, {}).get("base_model")
         if not base:
             raise
         return BertTokenizer.from_pretrained(resolve_model_path(base))

@@ -165,7 +165,7 @@ def service_windows(manifest: BundleManifest) -> Windows:
 def evaluate_windows() -> Windows:
     """The windows `bertserve evaluate` reads: the model's stored task settings."""
     from bert_model.config import BertConfig
-    from bert_model.finetuning.run import default_options, stored_settings
+    from bert_model.finetuning.recipes import default_options, stored_settings
     from bert_model.registry import resolve_model_path
 
     options = default_options("qa", stored_settings(BertConfig.load(resolve_model_path(MODEL))))
