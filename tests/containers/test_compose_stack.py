@@ -133,6 +133,15 @@ def test_rest_answers(stack: Stack) -> None:
         assert metrics.status_code == 200 and "bertserve_requests_total" in metrics.text
 
 
+def test_api_runs_as_non_root_without_torch_onnx_or_a_compiler(stack: Stack) -> None:
+    probe = (
+        "import importlib.util as u, os, shutil; "
+        "print(os.getuid(), [m for m in ('torch', 'onnx') if u.find_spec(m)], shutil.which('cc'), shutil.which('gcc'))"
+    )
+    result = stack.compose("exec", "-T", "api", "python", "-c", probe)
+    assert result.stdout.split() == ["10001", "[]", "None", "None"], result.stdout
+
+
 def test_grpc_answers_with_the_generated_stubs(stack: Stack) -> None:
     from service.grpc_api.stubs import bert_pb2 as pb
     from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
