@@ -8,9 +8,22 @@ real text (WikiText-2 paragraphs, else built-in sentences) cut to exactly the se
 
 FLOPs per forward (multiply-add = 2 FLOPs), B = batch, S = length, H = hidden, I = intermediate, L = layers:
     L · (2·B·S·(4·H² + 2·H·I)  +  4·B·S²·H)   (Q, K, V, output and feed-forward projections; QK^T and PV)
-Peak of this CPU: cores × clock × FLOP per cycle per core, from /proc/cpuinfo: with AVX-512 two 512-bit FMA
-pipes give 64 fp32 FLOP/cycle; AVX512-BF16 (VDPBF16PS) doubles that for bf16, AVX512-VNNI (VPDPBUSD) gives
-256 int8 ops/cycle. The clock is the nominal one /proc/cpuinfo reports (turbo, if any, is not counted).
+Peak of this CPU: cores × clock × operations per cycle per core (`cpu_peak`), from /proc/cpuinfo via
+`bert_model.hardware` (the clock is the one /proc/cpuinfo reports; turbo is not counted). Per core and cycle:
+- fp32: two FMA pipes × lanes × 2. AVX-512 on Intel server cores and AMD Zen 5: two 512-bit pipes, 64 FLOP
+  (Intel 64 and IA-32 Architectures Optimization Reference Manual; AMD Software Optimization Guide for the
+  Zen 5 Microarchitecture, "Floating-Point Unit"). AMD Zen 4 executes AVX-512 on 256-bit datapaths, each
+  512-bit instruction in two halves: 32 FLOP (AMD Software Optimization Guide for Family 19h, same section).
+  AVX2 + FMA: 32; neither: 8.
+- bf16: AMX-BF16 tiles: 1024 FLOP (TDPBF16PS multiplies a 16×32 by a 32×16 tile, 16,384 FLOP, every 16
+  cycles; Intel's figure for Sapphire Rapids and later: Architecture Day 2021 and the Optimization Reference
+  Manual's AMX chapter). AVX512-BF16 (VDPBF16PS, two products per fp32 lane): twice fp32. Neither: fp32's.
+- int8: AMX-INT8 tiles: 2048 op (TDPBUSD multiplies 16×64 by 64×16, 32,768 op, every 16 cycles; same
+  sources, which give it as 8× AVX-512 VNNI's 256). AVX512-VNNI / AVX-VNNI (VPDPBUSD, four u8×s8 products
+  per int32 lane): four times fp32, so 256 on Intel server cores and 128 on Zen 4. Neither: twice fp32
+  (VPMADDUBSW + VPMADDWD).
+A precision's peak bounds the runners of that precision from above; int8 graphs still run softmax, layer
+norms and GELU in fp32 / bf16, so a BERT stays well below it (AMX most of all).
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +53,10 @@ class CpuPeak:
     int8_per_cycle: int
     flags: list[str] = field(default_factory=list)
     model_name: str = ""
+    cpu: dict[str, Any] = field(default_factory=dict)
+    """`bert_model.hardware.CpuInfo.describe()`: vendor, family/model, code name, features, matrix family."""
+    basis: str = ""
+    """Which units the per-cycle figures assume (see the module docstring for the sources)."""
 
     def peak(self, precision: str) -> float:
         """Peak FLOP/s (int8: op/s) of `precision` on all cores."""
@@ -47,22 +65,43 @@ class CpuPeak:
 
 
 def cpu_peak(cpuinfo: str | None = None, cores: int | None = None) -> CpuPeak:
-    """This CPU's theoretical peak (see the module docstring for the method)."""
-    from export.runtime import cpu_threads
+    """This CPU's theoretical peak per precision (see the module docstring for the figures and their sources)."""
+    from bert_model.hardware import FEATURE_FLAGS, read_cpu_info
 
-    text = cpuinfo if cpuinfo is not None else _read("/proc/cpuinfo")
-    flags = set(_field(text, "flags").split())
-    mhz = float(_field(text, "cpu MHz") or 0.0)
-    vector = 64 if "avx512f" in flags else 32 if "fma" in flags else 8
+    info = read_cpu_info(cpuinfo, cores)
+    fp32, vector_basis = _fp32_per_cycle(info.has("avx512f"), info.has("fma"), info.microarchitecture == "Zen 4")
+    if info.has("amx_bf16"):
+        bf16, bf16_basis = 1024, "AMX-BF16 tiles"
+    elif info.has("avx512_bf16"):
+        bf16, bf16_basis = 2 * fp32, "AVX512-BF16"
+    else:
+        bf16, bf16_basis = fp32, "fp32 units"
+    if info.has("amx_int8"):
+        int8, int8_basis = 2048, "AMX-INT8 tiles"
+    elif info.has("avx512_vnni") or info.has("avx_vnni"):
+        int8, int8_basis = 4 * fp32, "VNNI"
+    else:
+        int8, int8_basis = 2 * fp32, "no VNNI"
     return CpuPeak(
-        cores=cores or cpu_threads(),
-        ghz=mhz / 1000,
-        fp32_per_cycle=vector,
-        bf16_per_cycle=vector * 2 if "avx512_bf16" in flags or "amx_bf16" in flags else vector,
-        int8_per_cycle=vector * 4 if {"avx512_vnni", "avx_vnni"} & flags else vector * 2,
-        flags=sorted(flags & {"avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile"}),
-        model_name=_field(text, "model name"),
+        cores=info.cores,
+        ghz=info.mhz / 1000,
+        fp32_per_cycle=fp32,
+        bf16_per_cycle=bf16,
+        int8_per_cycle=int8,
+        flags=sorted(info.flags & {*FEATURE_FLAGS, "amx_tile"}),
+        model_name=info.model_name,
+        cpu=info.describe(),
+        basis=f"fp32: {vector_basis}; bf16: {bf16_basis}; int8: {int8_basis}",
     )
+
+
+def _fp32_per_cycle(avx512: bool, fma: bool, half_width: bool) -> tuple[int, str]:
+    """fp32 FLOP per cycle per core and what it assumes: two FMA pipes of the widest datapath."""
+    if avx512:
+        return (32, "AVX-512 on two 256-bit FMA pipes") if half_width else (64, "two 512-bit FMA pipes")
+    if fma:
+        return 32, "two 256-bit FMA pipes"
+    return 8, "SSE"
 
 
 def _read(path: str) -> str:
@@ -70,14 +109,6 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
-
-
-def _field(text: str, name: str) -> str:
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return ""
 
 
 def _busy_seconds() -> float | None:
@@ -209,6 +240,18 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def machine_line(peak: CpuPeak) -> str:
+    """What the figures were measured on and the peaks they are divided by, in one sentence."""
+    cpu = peak.cpu
+    arch = f" ({cpu['microarchitecture']})" if cpu.get("microarchitecture") else ""
+    features = ", ".join(name for name, present in cpu.get("features", {}).items() if present) or "none"
+    return (
+        f"CPU: {peak.model_name or 'unknown'}{arch}, {peak.cores} cores at {peak.ghz:.2f} GHz nominal, "
+        f"{cpu.get('matrix_family', '')} (features: {features}); peak fp32 {peak.peak('fp32') / 1e9:.0f} GFLOP/s, "
+        f"bf16 {peak.peak('bf16') / 1e9:.0f}, int8 {peak.peak('int8') / 1e9:.0f} GOP/s ({peak.basis})."
+    )
+
+
 def write_report(rows: list[Row], peak: CpuPeak, meta: dict, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "bench-model.json"
@@ -216,11 +259,7 @@ def write_report(rows: list[Row], peak: CpuPeak, meta: dict, out_dir: Path) -> t
     json_path.write_text(json.dumps({"meta": meta, "cpu": asdict(peak), "rows": [asdict(r) for r in rows]}, indent=2))
     foreign = meta.get("foreign_cpu_fraction")
     load = f" Other processes used {100 * foreign:.0f}% of the CPU during the run." if foreign is not None else ""
-    header = (
-        f"Model: {meta.get('model')}.{load} CPU: {peak.model_name}, {peak.cores} cores at {peak.ghz:.2f} GHz nominal; "
-        f"peak fp32 {peak.peak('fp32') / 1e9:.0f} GFLOP/s, bf16 {peak.peak('bf16') / 1e9:.0f}, "
-        f"int8 {peak.peak('int8') / 1e9:.0f} GOP/s (flags: {', '.join(peak.flags)}).\n\n"
-    )
+    header = f"Model: {meta.get('model')}.{load} {machine_line(peak)}\n\n"
     md_path.write_text(header + markdown_table(rows))
     return json_path, md_path
 
@@ -344,6 +383,7 @@ def run_benchmark(
     config = BertConfig.load(folder)
     runners = torch_runners(folder, manifest.task, threads) + variant_runners(bundle_dir, variants, threads)
     peak = cpu_peak(cores=threads)
+    log(machine_line(peak))
     rows: list[Row] = []
     with ForeignLoad() as foreign:
         for batch, seq_len in shapes:

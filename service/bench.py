@@ -10,7 +10,8 @@ HTTP (httpx) and gRPC (generated stubs) from this process:
 - throughput: `--concurrency` clients in closed loops for `--duration` seconds, batching on, then off
   (`--no-batching`: one sequence per backend call); requests/s, p50/p99 latency, mean batch size.
 Texts are SST-2 dev sentences from ../shared/data when present, else built-in sentences. Torch-free.
-Results: a JSON file and a Markdown table (default artifacts/bench/service.{json,md}).
+Results: a JSON file and a Markdown table (default artifacts/bench/service.{json,md}), both naming the machine:
+CPU model, cores and the int8 / bf16 features (`bert_model.hardware`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+
+from bert_model.hardware import read_cpu_info
 
 REPO = Path(__file__).resolve().parents[1]
 SST2_DEV = REPO.parent / "shared" / "data" / "sst2" / "dev.half-a.tsv"
@@ -186,6 +189,7 @@ def run(models: str, concurrency: int, duration: float, requests: int, workdir: 
         "duration_s": duration,
         "texts": "sst2/dev.half-a.tsv" if SST2_DEV.is_file() else "built-in",
         "cpu_count": os.cpu_count(),
+        "cpu": read_cpu_info().describe(),
     }
     for mode, extra in (("batching_on", ["--batching"]), ("batching_off", ["--no-batching"])):
         server = Server(models, extra, workdir / f"server-{mode}.log")
@@ -201,10 +205,22 @@ def run(models: str, concurrency: int, duration: float, requests: int, workdir: 
     return report
 
 
+def machine_summary(cpu: dict[str, Any]) -> str:
+    """The CPU of a report (`CpuInfo.describe()`) in one line: model, code name, cores, features."""
+    arch = f" ({cpu['microarchitecture']})" if cpu.get("microarchitecture") else ""
+    features = ", ".join(name for name, present in cpu.get("features", {}).items() if present) or "none"
+    return (
+        f"{cpu.get('model_name') or 'unknown CPU'}{arch}, {cpu.get('cores', '?')} usable cores, "
+        f"{cpu.get('matrix_family', '?')} (features: {features})"
+    )
+
+
 def markdown(report: dict[str, Any]) -> str:
     low, on, off = report["low_load"], report["batching_on"], report["batching_off"]
     lines = [
         f"Service benchmark: {report['models']}, {report['cpu_count']} CPUs, texts: {report['texts']}",
+        "",
+        f"Machine: {machine_summary(report.get('cpu', {}))}",
         "",
         "| low load (sequential) | end-to-end p50 ms | backend p50 ms | overhead p50 ms |",
         "|---|---|---|---|",
@@ -237,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="Folder for service.{json,md}.")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    print(f"Machine: {machine_summary(read_cpu_info().describe())}", flush=True)
     report = run(args.models, args.concurrency, args.duration, args.requests, args.out)
     (args.out / "service.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)

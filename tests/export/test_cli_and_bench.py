@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bert_model.config import BertConfig
-from export.bench import cpu_peak, forward_flops
+from export.bench import cpu_peak, forward_flops, machine_line
 from export.cli import register
 
 CPUINFO = "model name\t: Test CPU\ncpu MHz\t\t: 2500.000\nflags\t\t: fpu avx2 fma avx512f avx512_bf16 avx512_vnni\n"
@@ -127,3 +127,36 @@ def test_cpu_peak_from_cpuinfo_flags() -> None:
     assert peak.peak("bf16") == 2 * peak.peak("fp32")
     assert peak.peak("int8") == 4 * peak.peak("fp32")
     assert cpu_peak("flags\t: fma avx2\ncpu MHz\t: 1000\n", cores=1).peak("int8") == 1e9 * 64
+
+
+def test_cpu_peak_follows_amx_tiles_on_a_xeon() -> None:
+    from tests.bert_model.test_hardware import AMX_XEON
+
+    peak = cpu_peak(AMX_XEON, cores=2)
+    assert (peak.fp32_per_cycle, peak.bf16_per_cycle, peak.int8_per_cycle) == (64, 1024, 2048)
+    assert peak.peak("int8") == 2 * 2.0e9 * 2048  # 8x what VNNI alone would give
+    assert {"amx_int8", "amx_bf16", "amx_tile"} <= set(peak.flags) and peak.cpu["matrix_family"] == "AMX"
+    line = machine_line(peak)
+    assert "INTEL(R) XEON(R) PLATINUM 8580 (Emerald Rapids), 2 cores" in line and "AMX-INT8 tiles" in line
+
+
+def test_cpu_peak_of_an_epyc_zen4_uses_its_256_bit_datapaths() -> None:
+    from tests.bert_model.test_hardware import EPYC_ZEN4
+
+    peak = cpu_peak(EPYC_ZEN4, cores=2)
+    assert (peak.fp32_per_cycle, peak.bf16_per_cycle, peak.int8_per_cycle) == (32, 64, 128)
+    assert peak.peak("fp32") == 2 * 2.75e9 * 32
+    assert peak.cpu["microarchitecture"] == "Zen 4" and "amx_int8" not in peak.flags
+    assert "AVX-512 VNNI (no AMX)" in machine_line(peak)
+
+
+def test_bench_report_names_the_machine(tmp_path: Path) -> None:
+    from export.bench import Row, write_report
+    from tests.bert_model.test_hardware import EPYC_ZEN4
+
+    row = Row("cpu-int8 (ONNX Runtime CPU)", 1, 128, 5.0, 200.0, 3.0, 500.0, 1.0, 0.5)
+    json_path, md_path = write_report([row], cpu_peak(EPYC_ZEN4, cores=2), {"model": "m"}, tmp_path)
+    cpu = json.loads(json_path.read_text())["cpu"]
+    assert cpu["model_name"] == "AMD EPYC 9454 48-Core Processor" and cpu["int8_per_cycle"] == 128
+    assert cpu["cpu"]["features"]["avx512_vnni"] and not cpu["cpu"]["features"]["amx_int8"]
+    assert "AMD EPYC 9454 48-Core Processor (Zen 4), 2 cores" in md_path.read_text()
