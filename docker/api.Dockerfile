@@ -5,7 +5,7 @@
 #   runtime  the service, its runtime dependencies, the stubs and the bundles; runs as a non-root user
 # Build from the repository root:  docker build -f docker/api.Dockerfile -t bertserve-api .
 # GPU image (ONNX Runtime CUDA, gpu-fp16 variants exported too):
-#   docker build -f docker/api.Dockerfile --build-arg ORT_PACKAGE="onnxruntime-gpu==1.32.*" -t bertserve-api:gpu .
+#   docker build -f docker/api.Dockerfile --build-arg ORT_PACKAGE="onnxruntime-gpu==1.31.*" -t bertserve-api:gpu .
 # torch for the bundle stage: wheels in docker/wheels/ first (`make docker-wheels` copies a local CPU wheel
 # there), then --build-arg TORCH_INDEX_URL (e.g. PyTorch's CPU wheel index), else PyPI.
 
