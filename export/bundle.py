@@ -166,7 +166,7 @@ def _build_into(
     raw, fused, rewrites, fused_counts = build_graphs(model, task, work)
     reference = torch_outputs(model, task, guard.feeds, guard.keep)
     expected = guard.score(reference)
-    sources = Sources(raw=raw, fused=fused)
+    sources = Sources(raw=raw, fused=fused, calibration=guard.feeds)
     variants, refused = _build_variants(scratch, opts.variants, sources, guard, (reference, expected))
     if refused and (opts.strict or not variants):
         raise AccuracyGuardError("; ".join(f"variant {k} refused: {v}" for k, v in refused.items()))

@@ -11,10 +11,12 @@ EmbedLayerNormalization, BiasGelu).
 | gpu-fp16 | fused | fp16 weights and compute, fp32 inputs/outputs (keep_io_types) | ONNX Runtime CUDA / TensorRT |
 | openvino-int8 | raw | int8 weights per channel; activations int8 per group at run time; rest bf16 | OpenVINO CPU |
 | openvino-bf16 | raw | fp32 graph, OpenVINO inference precision bf16 (AVX512-BF16) | OpenVINO CPU |
+| openvino-int8-static | raw | int8 weights + activations, calibrated on guard inputs (NNCF); rest bf16 | OpenVINO CPU |
 
 openvino-int8 stores int8 weights behind DequantizeLinear; OpenVINO's CPU plugin runs those MatMuls with int8
 (VNNI) kernels and quantizes their activations dynamically per group of 32 channels. OpenVINO is the optional
-`openvino` extra.
+`openvino` extra. openvino-int8-static is a QDQ graph written by NNCF (export/static_quant.py; NNCF is an
+export-time dependency, in the `train` extra).
 
 The OpenVINO variants carry their compile settings in `VariantSpec.runtime_options`; the file is still a
 standard ONNX graph (ONNX Runtime runs it too, in float, if OpenVINO is missing).
@@ -22,11 +24,13 @@ standard ONNX graph (ONNX Runtime runs it too, in float, if OpenVINO is missing)
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from export.quantize import quantize_dynamic_int8, weight_only_int8
@@ -42,6 +46,8 @@ class Sources:
 
     raw: Path
     fused: Path
+    calibration: list[dict[str, np.ndarray]] = field(default_factory=list)
+    """Model batches of the task's own inputs (the accuracy guard's) for statically calibrated variants."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ class Recipe:
     build: Callable[[Sources, Path], None]
     runtime_options: tuple[tuple[str, str], ...] = ()
     """OpenVINO `compile_model` settings (written to the manifest); empty for ONNX Runtime variants."""
+    build_requires: tuple[str, ...] = ()
+    """Python packages that building (not running) the variant needs."""
 
     @property
     def file(self) -> str:
@@ -70,6 +78,9 @@ class Recipe:
         """Why this variant cannot be built and checked here (its runtime is missing), or None."""
         if self.provider == OPENVINO_PROVIDER and not openvino_available():
             return "needs the OpenVINO runtime: pip install 'bertserve[openvino]'"
+        for package in self.build_requires:
+            if importlib.util.find_spec(package) is None:
+                return f"needs {package} to build: pip install 'bertserve[train]'"
         return None
 
 
@@ -87,6 +98,12 @@ def _dynamic_int8(sources: Sources, target: Path) -> None:
 
 def _weight_only_int8(sources: Sources, target: Path) -> None:
     weight_only_int8(sources.raw, target)
+
+
+def _static_int8(sources: Sources, target: Path) -> None:
+    from export.static_quant import static_int8
+
+    static_int8(sources.raw, target, sources.calibration)
 
 
 def _fp16(sources: Sources, target: Path) -> None:
@@ -110,6 +127,15 @@ RECIPES: dict[str, Recipe] = {
         Recipe("gpu-fp16", "CUDAExecutionProvider", "fp16", "gpu", _fp16),
         Recipe("openvino-int8", OPENVINO_PROVIDER, "int8", "cpu", _weight_only_int8, OPENVINO_INT8),
         Recipe("openvino-bf16", OPENVINO_PROVIDER, "bf16", "cpu", _copy_raw, (("INFERENCE_PRECISION_HINT", "bf16"),)),
+        Recipe(
+            "openvino-int8-static",
+            OPENVINO_PROVIDER,
+            "int8",
+            "cpu",
+            _static_int8,
+            (("INFERENCE_PRECISION_HINT", "bf16"),),
+            build_requires=("nncf",),
+        ),
     )
 }
 
