@@ -34,6 +34,7 @@ from service.pipelines import (
 )
 from service.settings import ServiceSettings
 from service.tracing import Tracer
+from service.variant_timing import VariantChoice
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,6 +87,8 @@ class LoadedModel:
     backend: Backend
     batcher: Batcher
     is_default: bool = False
+    variant_choice: dict[str, Any] = field(default_factory=lambda: {"auto": False})
+    """How the variant was chosen (`service.variant_timing.VariantChoice.describe()`)."""
 
     @property
     def name(self) -> str:
@@ -98,6 +101,7 @@ class LoadedModel:
             "task": manifest.task,
             "labels": list(manifest.labels),
             "variant": self.backend.variant,
+            "variant_choice": self.variant_choice,
             "max_seq_length": self.pipeline.max_seq_length,  # the windows served (<= the graph's)
             "backend": self.backend.kind,
             "is_default": self.is_default,
@@ -150,13 +154,37 @@ class InferenceService:
 
     async def _start_model(self, bundle: ServingBundle) -> LoadedModel:
         pipeline = make_pipeline(bundle)  # checks the manifest before a backend holds sessions or threads
-        backend = self._make_backend(bundle)
-        await self._start_backend(backend, bundle.name)
+        backend, choice = await self._start_chosen_backend(bundle, pipeline.max_seq_length)
         try:
-            return await self._start_batcher(bundle, pipeline, backend)
+            model = await self._start_batcher(bundle, pipeline, backend)
         except BaseException:
             await backend.close()
             raise
+        model.variant_choice = choice
+        return model
+
+    async def _start_chosen_backend(self, bundle: ServingBundle, serving_length: int) -> tuple[Backend, dict[str, Any]]:
+        """The started backend and how its variant was chosen: `--variant auto` on a CPU times the candidates
+        (part of loading, so readiness waits for it); otherwise the forced or the manifest's default variant."""
+        settings = self.settings
+        if settings.backend == "ort" and settings.variant == "auto":
+            from service.ort_backend import start_fastest_cpu_variant, times_variants
+
+            if times_variants(settings.device):
+                timed, choice = await start_fastest_cpu_variant(
+                    bundle.path,
+                    bundle.manifest,
+                    bundle.tokenizer,
+                    serving_length,
+                    max_batch_size=settings.effective_max_batch_size,
+                    max_batch_tokens=settings.max_batch_tokens,
+                    budget_s=settings.variant_budget_s,
+                    **self._ort_options(),
+                )
+                return timed, choice.describe()
+        backend = self._make_backend(bundle)
+        await self._start_backend(backend, bundle.name)
+        return backend, VariantChoice(backend.variant, auto=False).describe()
 
     async def _start_batcher(self, bundle: ServingBundle, pipeline: Pipeline, backend: Backend) -> LoadedModel:
         settings = self.settings
@@ -217,11 +245,18 @@ class InferenceService:
             bundle.manifest,
             device=settings.device,
             variant=settings.variant if settings.variant in bundle.manifest.variants else None,
-            intra_op_threads=settings.ort_intra_op_threads,
-            inter_op_threads=settings.ort_inter_op_threads,
-            workers=settings.inference_threads,
-            spinning=settings.ort_spinning,
+            **self._ort_options(),
         )
+
+    def _ort_options(self) -> dict[str, Any]:
+        """OrtBackend's thread settings."""
+        settings = self.settings
+        return {
+            "intra_op_threads": settings.ort_intra_op_threads,
+            "inter_op_threads": settings.ort_inter_op_threads,
+            "workers": settings.inference_threads,
+            "spinning": settings.ort_spinning,
+        }
 
     async def _warm_up(self, model: LoadedModel) -> None:
         start = time.perf_counter()

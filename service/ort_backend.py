@@ -3,6 +3,8 @@ runs batches off the event loop.
 
 Variant choice: an explicit `variant` wins; otherwise the manifest's `default_variants["gpu"]` when CUDA is
 available (and asked for), else `default_variants["cpu"]`, else the best CPU variant this process can run.
+`start_fastest_cpu_variant` (`--variant auto` on a CPU) instead times the guarded CPU variants on this machine
+and serves the fastest (`service.variant_timing`).
 OpenVINO variants (the export step's fastest CPU graphs) run on the OpenVINO runtime when the optional
 `openvino` extra is installed; without it the next ONNX Runtime variant is served.
 On CUDA, inputs and outputs go through IO binding (outputs allocated by ORT on the device, copied back once)
@@ -14,9 +16,11 @@ Reference: https://onnxruntime.ai/docs/performance/tune-performance/ , .../api/p
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,9 @@ import numpy as np
 import onnxruntime as ort
 
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
+from bert_model.tokenization import BertTokenizer
 from service.errors import BackendError, BackendUnavailable
+from service.variant_timing import FILLER_TEXT, VariantChoice, candidates, choose_fastest, timing_feed, timing_shapes
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +46,17 @@ def cuda_available() -> bool:
     return CUDA in ort.get_available_providers()
 
 
+@functools.cache
 def openvino_available() -> bool:
-    return importlib.util.find_spec("openvino") is not None
+    """Whether `openvino` imports (installed is not enough: a broken install fails only on import)."""
+    if importlib.util.find_spec("openvino") is None:
+        return False
+    try:
+        import openvino  # noqa: F401
+    except Exception as error:  # a native library that fails to load raises more than ImportError
+        log.warning("openvino is installed but does not import: %s", error)
+        return False
+    return True
 
 
 def runnable(provider: str) -> bool:
@@ -81,6 +96,50 @@ def choose_variant(manifest: BundleManifest, device: str = "auto", forced: str |
         if runnable(spec.provider):
             return name, spec.provider
     raise ValueError(f"bundle {manifest.name!r} has no variant this process can run: {sorted(manifest.variants)}")
+
+
+def cpu_order(manifest: BundleManifest) -> list[str]:
+    """The CPU variants in the static preference order: the manifest's cpu defaults, then OpenVINO first and
+    lower precision first (the order `choose_variant` falls back through; ties of `--variant auto` follow it)."""
+    defaults = [manifest.default_variants.get("cpu"), manifest.default_variants.get("cpu-onnxruntime")]
+    rest = sorted(
+        (name for name, spec in manifest.variants.items() if spec.provider in (CPU, OPENVINO)),
+        key=lambda name: (manifest.variants[name].provider != OPENVINO, _rank(manifest.variants[name].precision)),
+    )
+    named = [name for name in defaults if name is not None and name in manifest.variants]
+    return named + [name for name in rest if name not in named]
+
+
+def times_variants(device: str) -> bool:
+    """Whether `--variant auto` times CPU variants: it serves on the CPU (on a GPU the gpu default is served)."""
+    return device == "cpu" or (device == "auto" and not cuda_available())
+
+
+async def start_fastest_cpu_variant(
+    bundle_dir: str | Path,
+    manifest: BundleManifest,
+    tokenizer: BertTokenizer,
+    serving_length: int,
+    *,
+    max_batch_size: int,
+    max_batch_tokens: int,
+    budget_s: float,
+    **options: Any,
+) -> tuple[OrtBackend, VariantChoice]:
+    """Time the guarded CPU variants this process can run and return the fastest, started (`options`: the
+    OrtBackend thread settings); logs the table as one line. Raises ValueError when none can be served."""
+    names, skipped = candidates(manifest, runnable, (CPU, OPENVINO), cpu_order(manifest))
+    shapes = timing_shapes(manifest.task, serving_length, max_batch_size, max_batch_tokens)
+    filler = tokenizer.backend.encode(FILLER_TEXT, add_special_tokens=False).ids
+    feeds = {shape.label: timing_feed(shape, tokenizer.cls_id, tokenizer.sep_id, filler) for shape in shapes}
+
+    def make(name: str) -> OrtBackend:
+        return OrtBackend(bundle_dir, manifest, device="cpu", variant=name, **options)
+
+    backend, choice = await choose_fastest(names, make, feeds, budget_s, skipped=skipped)
+    log.info("variant chosen by timing", extra={"model": manifest.name, "variant": choice.variant, **choice.describe()})
+    assert isinstance(backend, OrtBackend)
+    return backend, choice
 
 
 def _rank(precision: str) -> int:
@@ -203,6 +262,16 @@ class OrtBackend:
         return {
             name: np.asarray(value, dtype=np.float32) for name, value in zip(self.output_names, values, strict=True)
         }
+
+    async def time_call(self, inputs: dict[str, np.ndarray]) -> float:
+        """Seconds one forward of `inputs` takes in the worker thread (what `--variant auto` compares)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._timed_run, inputs)
+
+    def _timed_run(self, inputs: dict[str, np.ndarray]) -> float:
+        start = time.perf_counter()
+        self._run(inputs)
+        return time.perf_counter() - start
 
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()

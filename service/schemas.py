@@ -228,6 +228,21 @@ class Entity(BaseModel):
     end: int = Field(..., description="Character offset one past the entity.", examples=[12])
 
 
+class VariantChoiceInfo(BaseModel):
+    auto: bool = Field(..., description="Whether the variant was chosen by timing at start (`--variant auto`).")
+    timings_ms: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Timed candidate -> shape (batch x length) -> milliseconds per call (lower quartile of its "
+        "timed calls); empty when not timed.",
+        examples=[{"openvino-int8": {"b1x128": 4.7, "b8x128": 31.0}, "cpu-int8": {"b1x128": 5.5, "b8x128": 42.1}}],
+    )
+    skipped: dict[str, str] = Field(
+        default_factory=dict, description="CPU variants not timed (unguarded, not runnable here, failed to load)."
+    )
+    rounds: int = Field(0, description="Timing rounds (every candidate, every shape).")
+    seconds: float = Field(0.0, description="Seconds spent loading and timing the candidates.")
+
+
 class ModelInfo(BaseModel):
     name: str = Field(..., examples=["minilm-sst2"])
     task: str = Field(..., examples=["classify"])
@@ -238,6 +253,7 @@ class ModelInfo(BaseModel):
     )
     backend: str = Field(..., examples=["ort"])
     is_default: bool = Field(..., description="Whether requests without `model` get this one for its task.")
+    variant_choice: VariantChoiceInfo = Field(..., description="How `variant` was chosen.")
 
 
 class ModelList(BaseModel):

@@ -36,7 +36,17 @@ class ServiceSettings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="ORT hardware; auto = CUDA if available."
     )
-    variant: str | None = Field(default=None, description="Force one bundle variant (e.g. cpu-fp32) for every model.")
+    variant: str | None = Field(
+        default=None,
+        description="Force one bundle variant (e.g. cpu-fp32) for every model; `auto`: on a CPU, time each model's "
+        "guarded CPU variants at start and serve the fastest; unset: the manifest's default for the hardware.",
+    )
+    variant_budget_s: float = Field(
+        default=3.0,
+        gt=0,
+        description="--variant auto: seconds per model for loading and timing its candidate variants "
+        "(at least 3 timing rounds are run whatever the budget).",
+    )
 
     # ---- network ------------------------------------------------------------------------------
     host: str = Field(default="0.0.0.0", description="Interface both front doors listen on.")

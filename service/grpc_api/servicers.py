@@ -180,4 +180,20 @@ class FillMaskServicer(_Base, pb_grpc.FillMaskServicer):
 
 class ModelsServicer(_Base, pb_grpc.ModelsServicer):
     async def List(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return pb.ListModelsResponse(models=[pb.ModelInfo(**info) for info in self.service.list_models()])
+        return pb.ListModelsResponse(models=[_model_info(info) for info in self.service.list_models()])
+
+
+def _model_info(info: dict[str, Any]) -> Any:
+    """A `describe()` dict as ModelInfo (the variant choice's nested maps become messages)."""
+    choice = info["variant_choice"]
+    timings = {name: pb.ShapeTimings(ms=shapes) for name, shapes in choice.get("timings_ms", {}).items()}
+    return pb.ModelInfo(
+        **{key: value for key, value in info.items() if key != "variant_choice"},
+        variant_choice=pb.VariantChoice(
+            auto=choice["auto"],
+            timings_ms=timings,
+            skipped=choice.get("skipped", {}),
+            rounds=choice.get("rounds", 0),
+            seconds=choice.get("seconds", 0.0),
+        ),
+    )

@@ -99,6 +99,13 @@ def test_models_list(channel: grpc.Channel, http: httpx.Client) -> None:
             "max_seq_length": m.max_seq_length,
             "backend": m.backend,
             "is_default": m.is_default,
+            "variant_choice": {
+                "auto": m.variant_choice.auto,
+                "timings_ms": {name: dict(shapes.ms) for name, shapes in m.variant_choice.timings_ms.items()},
+                "skipped": dict(m.variant_choice.skipped),
+                "rounds": m.variant_choice.rounds,
+                "seconds": m.variant_choice.seconds,
+            },
         }
         for m in response.models
     ]

@@ -1,0 +1,253 @@
+"""`--variant auto`: time a bundle's guarded CPU variants on the model's own shapes at start, serve the fastest.
+
+Which variant is fastest depends on the CPU (AMX tiles make OpenVINO's int8 and bf16 graphs close; on an AVX-512
+VNNI machine without AMX the order changes), so a preference order fixed at export is wrong on some machines.
+
+Candidates: the bundle's CPU variants (ONNX Runtime CPU or OpenVINO) that passed their accuracy guard at export
+(their manifest entry carries the guard's `judgment`; refused ones are not written, and a variant named in
+`source.refused_variants` is never taken) and that this process can run (OpenVINO ones only when `openvino`
+imports). Each is loaded as it would serve (same threads), warmed up once per shape, then timed in interleaved
+rounds (every candidate takes a turn of `CALLS_PER_TURN` timed calls per shape, the candidates' order rotating
+each round) until the per-model budget is spent, with at least `MIN_ROUNDS` rounds and at most `MAX_ROUNDS`.
+A candidate's time at a shape is the lower quartile of its calls: interference from other processes only ever
+adds time, so the lower quartile stays at the true speed while up to three calls in four are slowed (a median
+tolerates one in two, and the minimum rewards a lucky call). A candidate is scored by the mean over the shapes
+of its time relative to the best at that shape (batch 1 and the batcher's batch weigh the same); the lowest
+score is served, ties going to the earlier candidate of the static order. A candidate that fails to load or
+run is skipped with a warning. The other candidates are closed; the chosen one is the backend that serves.
+
+Shapes: batch 1 and the batcher's full batch (`max_batch_size`, within `max_batch_tokens`) at the model's
+serving length: the window length for qa and ner (what long inputs are cut into), and for sentence tasks
+(classify, embed, fill-mask) the graph's length capped at 128 tokens, since their batches are padded only to
+their longest text.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from bert_model.tasks.spec import BundleManifest
+
+log = logging.getLogger(__name__)
+
+MIN_ROUNDS = 3
+MAX_ROUNDS = 30
+CALLS_PER_TURN = 3
+SENTENCE_LENGTH = 128
+"""Timing length of the sentence tasks (classify, embed, fill-mask): their texts are mostly shorter."""
+WINDOWED_TASKS = ("qa", "ner")
+FILLER_TEXT = "the quick brown fox jumps over the lazy dog while a gripping , beautifully acted film plays in berlin "
+
+
+class TimedBackend(Protocol):
+    """What the timing needs of a backend (`OrtBackend` is one)."""
+
+    variant: str
+
+    async def start(self) -> None: ...
+
+    async def time_call(self, inputs: dict[str, np.ndarray]) -> float:
+        """Seconds one forward of `inputs` takes."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    seq_len: int
+
+    @property
+    def label(self) -> str:
+        return f"b{self.batch}x{self.seq_len}"
+
+
+@dataclass
+class VariantChoice:
+    """How the served variant was chosen; `describe()` is what /v1/models and Models.List report."""
+
+    variant: str
+    auto: bool
+    timings_ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Candidate -> shape label (`b1x128`) -> milliseconds per call (the lower quartile of its timed calls)."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Variant -> why it was not a candidate or was dropped (unguarded, refused, not runnable, failed to load)."""
+    rounds: int = 0
+    seconds: float = 0.0
+    """Wall time of loading and timing the candidates."""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "auto": self.auto,
+            "timings_ms": {name: dict(shapes) for name, shapes in self.timings_ms.items()},
+            "skipped": dict(self.skipped),
+            "rounds": self.rounds,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def timing_shapes(task: str, serving_length: int, max_batch_size: int, max_batch_tokens: int) -> list[Shape]:
+    """Batch 1 and the batcher's full batch at the model's serving length (see the module docstring)."""
+    length = serving_length if task in WINDOWED_TASKS else min(serving_length, SENTENCE_LENGTH)
+    batch = max(1, min(max_batch_size, max_batch_tokens // length))
+    return [Shape(1, length)] + ([Shape(batch, length)] if batch > 1 else [])
+
+
+def timing_feed(shape: Shape, cls_id: int, sep_id: int, filler_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """`shape.batch` rows of `[CLS] text... [SEP]`, exactly `shape.seq_len` real tokens (no padding)."""
+    body = np.resize(np.asarray(filler_ids, dtype=np.int64), shape.seq_len - 2)
+    row = np.concatenate([[cls_id], body, [sep_id]]).astype(np.int64)
+    input_ids = np.tile(row, (shape.batch, 1))
+    return {
+        "input_ids": input_ids,
+        "attention_mask": np.ones_like(input_ids),
+        "token_type_ids": np.zeros_like(input_ids),
+    }
+
+
+def candidates(
+    manifest: BundleManifest, can_run: Callable[[str], bool], cpu_providers: Sequence[str], order: Sequence[str]
+) -> tuple[list[str], dict[str, str]]:
+    """(guarded CPU variants this process runs, in `order`; variant -> why each other CPU variant is left out)."""
+    refused = manifest.source.get("refused_variants") or {}
+    chosen: list[str] = []
+    skipped: dict[str, str] = {}
+    for name in order:
+        spec = manifest.variants[name]
+        if spec.provider not in cpu_providers:
+            continue
+        if name in refused:
+            skipped[name] = f"refused by its accuracy guard at export: {refused[name]}"
+        elif "judgment" not in spec.parity:
+            skipped[name] = "no accuracy-guard judgment in the manifest (not guarded at export)"
+        elif not can_run(spec.provider):
+            skipped[name] = f"needs {spec.provider}, which this process cannot import"
+        else:
+            chosen.append(name)
+    return chosen, skipped
+
+
+def pick_fastest(timings: dict[str, dict[str, float]], order: Sequence[str]) -> str:
+    """The candidate with the lowest mean relative time over the shapes; ties go to the earlier in `order`."""
+    names = [name for name in order if name in timings]
+    if not names:
+        raise ValueError("no timed candidate to pick from")
+    shapes = list(timings[names[0]])
+    best = {shape: min(timings[name][shape] for name in names) for shape in shapes}
+
+    def score(name: str) -> float:
+        return statistics.fmean(timings[name][shape] / best[shape] for shape in shapes) if shapes else 0.0
+
+    return min(names, key=lambda name: (score(name), names.index(name)))
+
+
+async def choose_fastest(
+    names: Sequence[str],
+    make_backend: Callable[[str], TimedBackend],
+    feeds: dict[str, dict[str, np.ndarray]],
+    budget_s: float,
+    *,
+    skipped: dict[str, str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[TimedBackend, VariantChoice]:
+    """Load every candidate, time them on `feeds` (shape label -> inputs) and return the fastest, started.
+
+    Raises ValueError naming every candidate's failure when none loads.
+    """
+    started = clock()
+    skipped = dict(skipped or {})
+    loaded = await _load_all(names, make_backend, feeds, skipped)
+    if not loaded:
+        raise ValueError(f"no CPU variant could be served: {skipped or 'the bundle has no guarded CPU variant'}")
+    samples: dict[str, dict[str, list[float]]] = {backend.variant: {label: [] for label in feeds} for backend in loaded}
+    rounds = 0
+    while len(loaded) > 1 and rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or clock() - started < budget_s):
+        for backend in _rotated(loaded, rounds):
+            if not await _time_round(backend, feeds, samples[backend.variant], skipped):
+                loaded.remove(backend)
+                await _close_quietly(backend)
+        rounds += 1
+    if not loaded:
+        raise ValueError(f"no CPU variant could be served: {skipped}")
+    timings = {  # none when a single candidate was left: nothing to compare
+        backend.variant: {label: 1000 * lower_quartile(values) for label, values in samples[backend.variant].items()}
+        for backend in loaded
+        if rounds
+    }
+    winner = pick_fastest(timings, [backend.variant for backend in loaded]) if timings else loaded[0].variant
+    chosen = next(backend for backend in loaded if backend.variant == winner)
+    for backend in loaded:
+        if backend is not chosen:
+            await _close_quietly(backend)
+    return chosen, VariantChoice(winner, True, timings, skipped, rounds, clock() - started)
+
+
+async def _load_all(
+    names: Sequence[str],
+    make_backend: Callable[[str], TimedBackend],
+    feeds: dict[str, dict[str, np.ndarray]],
+    skipped: dict[str, str],
+) -> list[TimedBackend]:
+    """The candidates that start and run each feed once (the warm-up call); the others go into `skipped`."""
+    loaded: list[TimedBackend] = []
+    for name in names:
+        try:
+            backend = make_backend(name)
+        except Exception as error:  # a runtime refusing the graph raises its own exception types
+            _skip(skipped, name, "failed to load", error)
+            continue
+        try:
+            await backend.start()
+            for feed in feeds.values():
+                await backend.time_call(feed)
+        except Exception as error:
+            _skip(skipped, name, "failed to load", error)
+            await _close_quietly(backend)
+            continue
+        loaded.append(backend)
+    return loaded
+
+
+async def _time_round(
+    backend: TimedBackend, feeds: dict[str, dict[str, np.ndarray]], samples: dict[str, list[float]], skipped: dict
+) -> bool:
+    """One timed call per shape into `samples`; False (and a `skipped` entry) when the backend fails."""
+    try:
+        for label, feed in feeds.items():
+            for _ in range(CALLS_PER_TURN):
+                samples[label].append(await backend.time_call(feed))
+    except Exception as error:
+        _skip(skipped, backend.variant, "failed while timed", error)
+        return False
+    return True
+
+
+def lower_quartile(values: Sequence[float]) -> float:
+    """The 25th percentile (linear interpolation between the closest ranks)."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), 25))
+
+
+def _rotated(backends: list[TimedBackend], round_index: int) -> list[TimedBackend]:
+    """The candidates starting from a different one each round, so no one always runs right after another."""
+    shift = round_index % len(backends)
+    return backends[shift:] + backends[:shift]
+
+
+def _skip(skipped: dict[str, str], name: str, what: str, error: BaseException) -> None:
+    skipped[name] = f"{what}: {type(error).__name__}: {error}"
+    log.warning("variant skipped", extra={"variant": name, "reason": skipped[name]})
+
+
+async def _close_quietly(backend: TimedBackend) -> None:
+    try:
+        await backend.close()
+    except Exception as error:  # closing a half-loaded session must not stop the server from starting
+        log.warning("closing a timed variant failed", extra={"variant": backend.variant, "error": str(error)})
