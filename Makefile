@@ -84,7 +84,8 @@ export: install
 	$(CPU_LOCK) $(VENV)/bin/bertserve export $(MODEL) --out $(or $(OUT),$(BUNDLES_DIR)/$(notdir $(MODEL))) \
 		--variants $(EXPORT_VARIANTS) $(EXPORT_ARGS)
 
-# Serving bundles of the three default task models into $(BUNDLES_DIR)/<name>/ (git-ignored).
+# Serving bundles of the three default task models and the minilm embedding model into $(BUNDLES_DIR)/<name>/
+# (git-ignored).
 bundles: install
 	for name in $(DEFAULT_BUNDLES); do \
 		$(CPU_LOCK) $(VENV)/bin/bertserve export $$name --out $(BUNDLES_DIR)/$$name --variants $(EXPORT_VARIANTS) \

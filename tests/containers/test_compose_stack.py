@@ -123,11 +123,27 @@ def test_rest_answers(stack: Stack) -> None:
         assert {(e["word"], e["entity_group"]) for e in entities} >= {("Berlin", "LOC"), ("Angela Merkel", "PER")}
         assert all(text[e["start"] : e["end"]] == e["word"] for e in entities)
 
+        texts = ["How tall is the Eiffel Tower?", "The tower is 330 metres tall.", "Bananas are yellow."]
+        embed = client.post("/embed", json={"inputs": texts})
+        assert embed.status_code == 200, embed.text
+        vectors = embed.json()
+        assert len(vectors) == 3 and all(len(v) == 384 for v in vectors)
+        assert all(abs(sum(x * x for x in v) - 1) < 1e-3 for v in vectors)  # normalized by default
+
+        def cosine(a: list[float], b: list[float]) -> float:
+            return sum(x * y for x, y in zip(a, b, strict=True))
+
+        assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2])
+        openai_style = client.post("/v1/embeddings", json={"input": texts[0], "model": "minilm"})
+        assert openai_style.status_code == 200, openai_style.text
+        assert cosine(openai_style.json()["data"][0]["embedding"], vectors[0]) > 0.9999
+
         models = client.get("/v1/models").json()["models"]
         assert {m["name"]: m["task"] for m in models} == {
             "minilm-sst2": "classify",
             "minilm-squad": "qa",
             "minilm-conll03": "ner",
+            "minilm": "embed",
         }, models
         metrics = client.get("/metrics")
         assert metrics.status_code == 200 and "bertserve_requests_total" in metrics.text
