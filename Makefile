@@ -96,6 +96,13 @@ bundles: install
 bench: install
 	$(CPU_LOCK) $(VENV)/bin/bertserve bench-model $(BENCH_MODEL) --out artifacts/bench $(BENCH_ARGS)
 
+# On a CUDA machine: gpu-fp16 on the CUDA and TensorRT providers (BERT-base shape + MiniLM bundles, b1/b16/b64 x
+# s128/s384) and the service on the GPU at 32 clients -> artifacts/bench/bench-gpu.{json,md}. Without CUDA it
+# stops at once (exit 2).
+.PHONY: bench-gpu
+bench-gpu: install proto
+	$(PY) -m bertserve.bench_gpu --bundles-dir $(BUNDLES_DIR) --out artifacts/bench $(BENCH_ARGS)
+
 # ---- load tests -------------------------------------------------------------------------------------------
 .PHONY: loadtest loadtest-acceptance
 LOADTEST_PROFILE ?= smoke
