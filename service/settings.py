@@ -45,7 +45,7 @@ class ServiceSettings(BaseSettings):
         default=3.0,
         gt=0,
         description="--variant auto: seconds per model for loading and timing its candidate variants "
-        "(at least 3 timing rounds are run whatever the budget).",
+        "(at least 2 timing rounds are run whatever the budget).",
     )
 
     # ---- network ------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ Candidates: the bundle's CPU variants (ONNX Runtime CPU or OpenVINO) that passed
 `source.refused_variants` is never taken) and that this process can run (OpenVINO ones only when `openvino`
 imports). Each is loaded as it would serve (same threads), warmed up once per shape, then timed in interleaved
 rounds (every candidate takes a turn of `CALLS_PER_TURN` timed calls per shape, the candidates' order rotating
-each round) until the per-model budget is spent, with at least `MIN_ROUNDS` rounds and at most `MAX_ROUNDS`.
+each round) until the per-model budget (loading included) is spent, with at least `MIN_ROUNDS` rounds and at
+most `MAX_ROUNDS`; from then on, after each round a candidate more than `DROP_FACTOR` times slower than the best so far stops
+racing (it is closed; its figures stay in the report), so clearly slower graphs do not spend the budget.
 A candidate's time at a shape is the lower quartile of its calls: interference from other processes only ever
 adds time, so the lower quartile stays at the true speed while up to three calls in four are slowed (a median
 tolerates one in two, and the minimum rewards a lucky call). A candidate is scored by the mean over the shapes
@@ -37,9 +39,11 @@ from bert_model.tasks.spec import BundleManifest
 
 log = logging.getLogger(__name__)
 
-MIN_ROUNDS = 3
+MIN_ROUNDS = 2
 MAX_ROUNDS = 30
 CALLS_PER_TURN = 3
+DROP_FACTOR = 1.5
+"""After each round, candidates more than 1.5x slower than the best so far (mean relative time) stop racing."""
 SENTENCE_LENGTH = 128
 """Timing length of the sentence tasks (classify, embed, fill-mask): their texts are mostly shorter."""
 WINDOWED_TASKS = ("qa", "ner")
@@ -168,26 +172,51 @@ async def choose_fastest(
     if not loaded:
         raise ValueError(f"no CPU variant could be served: {skipped or 'the bundle has no guarded CPU variant'}")
     samples: dict[str, dict[str, list[float]]] = {backend.variant: {label: [] for label in feeds} for backend in loaded}
-    rounds = 0
-    while len(loaded) > 1 and rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or clock() - started < budget_s):
-        for backend in _rotated(loaded, rounds):
+    racing, rounds = list(loaded), 0
+    while len(racing) > 1 and rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or clock() - started < budget_s):
+        for backend in _rotated(racing, rounds):
             if not await _time_round(backend, feeds, samples[backend.variant], skipped):
+                racing.remove(backend)
                 loaded.remove(backend)
+                del samples[backend.variant]
                 await _close_quietly(backend)
         rounds += 1
+        if rounds >= MIN_ROUNDS:  # a single round's three calls can all be slowed by another process
+            racing = await _drop_slow(racing, samples)
     if not loaded:
         raise ValueError(f"no CPU variant could be served: {skipped}")
     timings = {  # none when a single candidate was left: nothing to compare
-        backend.variant: {label: 1000 * lower_quartile(values) for label, values in samples[backend.variant].items()}
-        for backend in loaded
+        name: {label: 1000 * lower_quartile(values) for label, values in shapes.items()}
+        for name, shapes in samples.items()
         if rounds
     }
-    winner = pick_fastest(timings, [backend.variant for backend in loaded]) if timings else loaded[0].variant
-    chosen = next(backend for backend in loaded if backend.variant == winner)
-    for backend in loaded:
+    winner = pick_fastest({name: timings[name] for name in _names(racing)}, _names(racing)) if timings else None
+    chosen = next(backend for backend in loaded if backend.variant == (winner or loaded[0].variant))
+    for backend in racing:
         if backend is not chosen:
             await _close_quietly(backend)
-    return chosen, VariantChoice(winner, True, timings, skipped, rounds, clock() - started)
+    return chosen, VariantChoice(chosen.variant, True, timings, skipped, rounds, clock() - started)
+
+
+def _names(backends: Sequence[TimedBackend]) -> list[str]:
+    return [backend.variant for backend in backends]
+
+
+async def _drop_slow(racing: list[TimedBackend], samples: dict[str, dict[str, list[float]]]) -> list[TimedBackend]:
+    """The candidates still worth timing: those within `DROP_FACTOR` of the best score so far (the others are
+    closed, their timings kept for the report), so clearly slower graphs do not eat the budget."""
+    if len(racing) < 2:
+        return racing
+    timings = {b.variant: {k: lower_quartile(v) for k, v in samples[b.variant].items()} for b in racing}
+    best = {label: min(t[label] for t in timings.values()) for label in next(iter(timings.values()))}
+    kept = []
+    for backend in racing:
+        score = statistics.fmean(timings[backend.variant][label] / best[label] for label in best)
+        if score <= DROP_FACTOR:
+            kept.append(backend)
+        else:
+            await _close_quietly(backend)
+    return kept
 
 
 async def _load_all(

@@ -112,8 +112,15 @@ def test_the_budget_bounds_the_rounds_but_never_below_the_minimum() -> None:
     speeds = {"a": {"b1x128": 100.0, "b8x128": 900.0}, "b": {"b1x128": 120.0, "b8x128": 800.0}}
     _, choice, _ = run_choice(speeds, seed=0, budget_s=0.01)
     assert choice.rounds == MIN_ROUNDS
-    _, generous, _ = run_choice({"a": {"b1x128": 0.1, "b8x128": 0.2}, "b": speeds["b"]}, seed=0, budget_s=1e6)
+    _, generous, _ = run_choice(speeds, seed=0, budget_s=1e6)
     assert generous.rounds == MAX_ROUNDS
+
+
+def test_clearly_slower_variants_stop_racing_but_stay_in_the_report() -> None:
+    speeds = {"fast": {"b1x128": 5.0, "b8x128": 30.0}, "slow": {"b1x128": 20.0, "b8x128": 150.0}}
+    chosen, choice, backends = run_choice({**speeds, "close": {"b1x128": 5.1, "b8x128": 31.0}}, seed=2, budget_s=1e6)
+    assert backends["slow"].closed and set(choice.timings_ms) == {"fast", "slow", "close"}
+    assert choice.variant in ("fast", "close") and chosen is backends[choice.variant]
 
 
 def test_a_variant_that_fails_to_load_is_skipped_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
