@@ -9,8 +9,9 @@ Candidates: the bundle's CPU variants (ONNX Runtime CPU or OpenVINO) that passed
 imports). Each is loaded as it would serve (same threads), warmed up once per shape, then timed in interleaved
 rounds (every candidate takes a turn of `CALLS_PER_TURN` timed calls per shape, the candidates' order rotating
 each round) until the per-model budget (loading included) is spent, with at least `MIN_ROUNDS` rounds and at
-most `MAX_ROUNDS`; from then on, after each round a candidate more than `DROP_FACTOR` times slower than the best so far stops
-racing (it is closed; its figures stay in the report), so clearly slower graphs do not spend the budget.
+most `MAX_ROUNDS`; from then on, after each round a candidate more than `DROP_FACTOR` times slower than the
+best so far stops racing (it is closed; its figures stay in the report), so clearly slower graphs do not spend
+the budget.
 A candidate's time at a shape is the lower quartile of its calls: interference from other processes only ever
 adds time, so the lower quartile stays at the true speed while up to three calls in four are slowed (a median
 tolerates one in two, and the minimum rewards a lucky call). A candidate is scored by the mean over the shapes
