@@ -132,7 +132,13 @@ def test_cli_user_errors_are_one_line(args: list[str], env: dict[str, str], need
 
 @pytest.mark.integration
 def test_readiness_transitions_and_graceful_sigterm(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
-    env = {"BERTSERVE_WARMUP_ROUNDS": "300", "BERTSERVE_MAX_QUEUE": "100000", "BERTSERVE_LOG_LEVEL": "info"}
+    # a drain of 2 s: requests still on their way when SIGTERM lands (a busy machine) are served, not refused
+    env = {
+        "BERTSERVE_WARMUP_ROUNDS": "300",
+        "BERTSERVE_MAX_QUEUE": "100000",
+        "BERTSERVE_LOG_LEVEL": "info",
+        "BERTSERVE_DRAIN_S": "2",
+    }
     server = ServerProcess(list(tiny_bundles.values()), tmp_path / "server.log", env)
     try:
         server.wait_live()
