@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "export.cli",
     "service.cli",
     "loadtests.cli",
+    "loadtests.retrieval_eval",
 )
 
 
