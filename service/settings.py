@@ -106,6 +106,11 @@ class ServiceSettings(BaseSettings):
     # ---- access and observability -------------------------------------------------------------
     api_key: SecretStr | None = Field(default=None, description="If set, requests need `Authorization: Bearer <key>`.")
     cors_origins: CommaList = Field(default_factory=list, description="Allowed CORS origins (empty = no CORS).")
+    playground: bool = Field(
+        default=True,
+        description="Serve the playground at / and /playground: a browser page that tries every loaded model "
+        "(it calls the API routes, so with an API key set it asks for the key).",
+    )
     otlp_endpoint: str | None = Field(default=None, description="OTLP/gRPC endpoint for traces; unset = no tracing.")
     log_level: str = Field(default="info", description="debug, info, warning, error.")
     log_json: bool = Field(default=True, description="Structured JSON log lines (false = plain text).")

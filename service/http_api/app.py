@@ -28,6 +28,7 @@ from service.http_api.drain import DrainMiddleware
 from service.http_api.encoder_routes import add_encoder_routes
 from service.http_api.middleware import SERVER_HEADERS, BodyLimitMiddleware, MetricsMiddleware, error_response
 from service.http_api.openapi import describe_server
+from service.http_api.playground import add_playground_routes
 from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
 from service.metrics import CONTENT_TYPE, ServiceMetrics
 from service.pipelines import ClassifyInput, NERInput, QAInput
@@ -93,6 +94,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(DrainMiddleware, state=app.state.service.state)
     _add_routes(app)
+    if settings.playground:
+        add_playground_routes(app)
     describe_server(app)
     return app
 
