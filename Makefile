@@ -70,6 +70,28 @@ $(TRITON_VENV)/.stamp:
 bench-service: install proto
 	flock /tmp/bertserve-cpu.lock $(PY) -m service.bench $(BENCH_ARGS)
 
+# ---- playground -------------------------------------------------------------------------------------------
+.PHONY: browser-deps playground-screenshots
+# Debian's chromium + chromedriver for the playground's browser test (selenium, from the dev extra, drives this
+# browser: nothing is downloaded). apt (as root) runs only when either is missing.
+browser-deps:
+	@if command -v chromedriver >/dev/null && { command -v chromium >/dev/null || command -v chromium-browser >/dev/null; }; \
+	then echo "chromium and chromedriver are installed"; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
+
+PLAYGROUND_SHOTS ?= artifacts/playground
+# Each tab of the playground, an error and the API-key prompt as PNGs in $(PLAYGROUND_SHOTS), taken by the browser
+# test against the default models (tiny random ones where artifacts/bundles lacks them, and then docs/ is left
+# alone); the QA and NER shots go to docs/ for the README.
+playground-screenshots: install browser-deps
+	rm -rf $(PLAYGROUND_SHOTS)
+	PLAYGROUND_SCREENSHOTS=$(PLAYGROUND_SHOTS) $(PY) -m pytest tests/service/test_playground.py -q -p no:cacheprovider
+	@for name in $(DEFAULT_BUNDLES); do test -f artifacts/bundles/$$name/manifest.json || { \
+	  echo "artifacts/bundles/$$name is missing (make bundles): screenshots of tiny random models, docs/ unchanged"; \
+	  exit 0; }; done; \
+	cp $(PLAYGROUND_SHOTS)/qa.png docs/playground-qa.png && cp $(PLAYGROUND_SHOTS)/ner.png docs/playground-ner.png && \
+	echo "docs/playground-qa.png, docs/playground-ner.png updated"
+
 # ---- export -----------------------------------------------------------------------------------------------
 .PHONY: export bundles bench
 EXPORT_VARIANTS ?= cpu-fp32,cpu-int8,gpu-fp16,openvino-int8,openvino-bf16
