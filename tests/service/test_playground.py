@@ -363,6 +363,7 @@ def test_long_and_many_inputs_scroll_inside_their_boxes(page: Any) -> None:
     result = _submit(page, "embed")
     assert len(result.find_elements("css selector", "table.heatmap tbody td")) == 40 * 40
     _no_horizontal_overflow(page)
+    _screenshot(page, "many-inputs")
 
 
 # ---- a server that requires an API key ----------------------------------------------------------------------

@@ -195,7 +195,8 @@
     },
   };
 
-  function entityColour(node, type) {
+  function entityColour(node, group) {
+    const type = group.replace(/^[BIES]-/, ""); // aggregation "none" gives token tags: B-PER is coloured as PER
     let hue = ENTITY_COLOURS[type];
     if (hue === undefined) hue = [...type].reduce((h, c) => (h * 31 + c.codePointAt(0)) % 360, 7);
     node.style.setProperty("--entity-bg", `hsl(${hue} 85% 90%)`);
