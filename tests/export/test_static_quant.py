@@ -49,6 +49,7 @@ def test_written_graph_is_int8_qdq_runs_and_matches_its_manifest(tiny_models: di
     spec = manifest.variants[VARIANT]
     assert (spec.file, spec.provider, spec.precision) == (f"{VARIANT}.onnx", OPENVINO_PROVIDER, "int8")
     assert spec.runtime_options == dict(RECIPES[VARIANT].runtime_options)
+    assert manifest.default_variants["cpu"] == VARIANT  # ranked before the ONNX Runtime variants
     assert spec.parity["judgment"] == "agreement-with-fp32" and spec.parity["label_agreement"] >= 0.99
     graph = onnx.load(str(tmp_path / "b" / spec.file))
     ops = [node.op_type for node in graph.graph.node]
