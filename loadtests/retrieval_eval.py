@@ -104,7 +104,7 @@ def retrieval_eval(
     max_paragraphs: Annotated[
         int | None, typer.Option(help="Only the first N paragraphs and their questions. [all]")
     ] = None,
-    batch_size: Annotated[int, typer.Option(help="Texts per /embed request and per sentence-transformers batch.")] = 32,
+    batch_size: Annotated[int, typer.Option(help="Texts per /embed request and per sentence-transformers batch.")] = 16,
     api_key: Annotated[str | None, typer.Option(help="Bearer key of the service, if it needs one.")] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the results as one JSON file.")] = None,
 ) -> None:
