@@ -122,6 +122,8 @@ def serve(settings: ServiceSettings) -> None:
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)),
+        # a server that closes an idle connection first races the client's next request on it (a reset)
+        timeout_keep_alive=int(settings.keep_alive_s),
         lifespan="on",
     )
     # handle_exit never hands the signal to uvicorn, which would re-raise it after shutdown (exit status -15):

@@ -123,6 +123,12 @@ class ServiceSettings(BaseSettings):
         ge=0,
         description="After SIGTERM, seconds of serving on (unready, `Connection: close`) before new requests get 503.",
     )
+    keep_alive_s: float = Field(
+        default=75.0,
+        gt=0,
+        description="Idle seconds before the server closes a keep-alive connection; longer than clients' and load "
+        "balancers' own idle timeouts (httpx 5 s, most balancers 60 s), so that the client side closes first.",
+    )
 
     @field_validator("models", "cors_origins", mode="before")
     @classmethod

@@ -135,3 +135,24 @@ def test_sigterm_under_keep_alive_load_resets_nobody(tiny_bundles: dict[str, Pat
     assert tally.counts["refused"] == CLIENTS, tally.counts  # every HTTP client ended on a refused connection
     assert DRAIN_S <= elapsed < DRAIN_S + 15, elapsed
     assert "stop signal received: draining" in logs and "drain over" in logs
+
+
+@pytest.mark.integration
+def test_an_idle_keep_alive_connection_outlives_the_clients_own_expiry(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """The server keeps an idle connection longer than clients do (httpx: 5 s), so a client never sends a
+    request on a connection the server is closing at that moment (a reset under load)."""
+    server = ServerProcess([tiny_bundles["classify"]], tmp_path / "server.log")
+    try:
+        server.wait_ready()
+        transport = httpx.HTTPTransport(limits=httpx.Limits(keepalive_expiry=60))
+        with httpx.Client(base_url=server.url, transport=transport, timeout=30) as client:
+            first = client.post("/classify", json=BODIES["/classify"])
+            time.sleep(6.0)  # longer than uvicorn's own default keep-alive (5 s)
+            second = client.post("/classify", json=BODIES["/classify"])
+            # the same connection served both: the server did not close it while it sat idle
+            assert first.status_code == second.status_code == 200
+            assert second.extensions["network_stream"] is first.extensions["network_stream"]
+    finally:
+        server.terminate()
