@@ -145,6 +145,8 @@ def test_rest_answers(stack: Stack) -> None:
             "minilm-conll03": "ner",
             "minilm": "embed",
         }, models
+        page = client.get("/")  # the playground, served from the image's own static files
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         metrics = client.get("/metrics")
         assert metrics.status_code == 200 and "bertserve_requests_total" in metrics.text
 
