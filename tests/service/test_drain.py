@@ -126,6 +126,9 @@ def test_sigterm_under_keep_alive_load_resets_nobody(tiny_bundles: dict[str, Pat
         stop.set()
         server.terminate()
     logs = server.logs()
+    print(
+        f"drain: {dict(tally.counts)}, {len(tally.resets)} resets, served during the drain {tally.served_after_signal}"
+    )
     assert code == 0, logs
     assert tally.resets == [], (tally.resets[:5], tally.counts, logs[-3000:])
     assert set(tally.counts) <= {"200", "503", "refused", "grpc-ok", "grpc-unavailable"}, tally.counts
