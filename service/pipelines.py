@@ -39,6 +39,9 @@ QA_DEFAULT_MAX_ANSWER_LEN = 15
 NER_DEFAULT_STRIDE = 32
 
 
+WARMUP_TEXTS: tuple[str, ...] = ("warm up the model", "a second, somewhat longer warm-up sentence " * 4)
+"""What the single-text pipelines run at load: a short and a longer text, two sequence lengths."""
+
 # The task inputs both front doors build. Their defaults are the API's defaults (the REST schemas read them,
 # gRPC leaves unset fields to them). `truncate` None means the server's default: InferenceService fills in
 # `settings.truncate` before a pipeline sees it (a pipeline used on its own truncates).
@@ -250,7 +253,7 @@ class ClassifyPipeline(Pipeline):
         return len(request.texts)
 
     def warmup_input(self) -> ClassifyInput:
-        return ClassifyInput(texts=["warm up the model", "a second, somewhat longer warm-up sentence " * 4])
+        return ClassifyInput(texts=list(WARMUP_TEXTS))
 
 
 class QAPipeline(Pipeline):
@@ -382,7 +385,7 @@ class EmbedPipeline(Pipeline):
         return len(request.texts)
 
     def warmup_input(self) -> EmbedInput:
-        return EmbedInput(texts=["warm up the model", "a second, somewhat longer warm-up sentence " * 4])
+        return EmbedInput(texts=list(WARMUP_TEXTS))
 
 
 class FillMaskPipeline(Pipeline):
