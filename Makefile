@@ -57,13 +57,15 @@ serve: install proto
 	@for name in $(DEFAULT_BUNDLES); do test -f $(BUNDLES_DIR)/$$name/manifest.json || { $(MAKE) bundles || exit 1; break; }; done
 	$(VENV)/bin/bertserve serve
 
-# A separate venv with nvidia-pytriton (a real Triton server; needs numpy<2) for the Triton backend test.
+# A separate venv with nvidia-pytriton (a real Triton server; needs numpy<2) for the Triton backend test and the
+# load tests' `triton` peer (which also runs our torch-free task code: tokenizers, and OpenVINO for its variants).
 TRITON_VENV ?= .venv-triton
+TRITON_PACKAGES := "nvidia-pytriton==0.7.0" "numpy<2" "onnxruntime==1.32.*" "tokenizers==0.23.*" "openvino==2026.4.*"
 triton-venv: $(TRITON_VENV)/.stamp
-$(TRITON_VENV)/.stamp:
-	$(PYTHON) -m venv $(TRITON_VENV)
+$(TRITON_VENV)/.stamp: Makefile
+	test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/python -m pip install -q --upgrade pip
-	$(TRITON_VENV)/bin/python -m pip install -q "nvidia-pytriton==0.7.0" "numpy<2" "onnxruntime==1.32.*"
+	$(TRITON_VENV)/bin/python -m pip install -q $(TRITON_PACKAGES)
 	touch $@
 
 # Service overhead at low load and throughput with batching on vs off (under the shared CPU lock).

@@ -40,8 +40,15 @@ def loadtest(
     ] = None,
     peers: Annotated[
         bool,
-        typer.Option("--peers/--no-peers", help="Also run the naive peer and ours without batching, side by side."),
+        typer.Option(
+            "--peers/--no-peers",
+            help="Also run the peers side by side: naive (transformers, one request at a time), triton (the same "
+            "bundles behind a real Triton's dynamic batcher; needs `make triton-venv`) and ours without batching.",
+        ),
     ] = False,
+    skip_peer: Annotated[
+        list[str] | None, typer.Option(help="Leave this peer out of --peers: naive, triton, ours-no-batching.")
+    ] = None,
     models: Annotated[
         str | None, typer.Option(help="Bundles to serve per task, e.g. 'classify=minilm-sst2,qa=DIR'. [default names]")
     ] = None,
@@ -85,7 +92,8 @@ def loadtest(
     from loadtests.targets import TargetStartError
 
     options = RunOptions(
-        profile=profile, mix=mix, host=host, grpc_host=grpc_host, peers=peers, models=models,
+        profile=profile, mix=mix, host=host, grpc_host=grpc_host, peers=peers,
+        skip_peers=list(skip_peer or []), models=models,
         peer_models=peer_models, bundles_dir=bundles_dir, sst2=sst2, squad=squad, conll=conll,
         payload_limit=payload_limit, users=users, duration_s=duration, spawn_rate=spawn_rate,
         results_dir=results_dir, history=history, baseline=baseline, tag=tag,

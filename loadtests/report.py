@@ -6,6 +6,9 @@ from typing import Any
 
 from loadtests.summary import ALL
 
+PEER_LABELS = ("naive", "triton")
+"""The targets every row is compared with, when a run has them."""
+
 
 def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
@@ -16,8 +19,8 @@ def _ratio(value: float | None) -> str:
 
 
 def peer_rows(targets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per target over all its endpoints, with ratios to the `naive` target when there is one."""
-    naive = targets.get("naive", {}).get("summary", {}).get("endpoints", {}).get(ALL)
+    """One row per target over all its endpoints, with ratios to the `naive` and `triton` peers when present."""
+    peers = {label: targets[label]["summary"]["endpoints"][ALL] for label in PEER_LABELS if label in targets}
     rows = []
     for label, target in targets.items():
         figures = target["summary"]["endpoints"][ALL]
@@ -29,27 +32,32 @@ def peer_rows(targets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             "p50_ms": latency["p50"],
             "p99_ms": latency["p99"],
             "error_rate": figures["error_rate"],
-            "rps_vs_naive": None,
-            "p99_vs_naive": None,
         }
-        if naive is not None and naive["ok_rps"]:
-            row["rps_vs_naive"] = round(figures["ok_rps"] / naive["ok_rps"], 3)
-        if naive is not None and naive["latency_ms"]["p99"] and latency["p99"] is not None:
-            row["p99_vs_naive"] = round(latency["p99"] / naive["latency_ms"]["p99"], 3)
+        for peer in PEER_LABELS:
+            reference = peers.get(peer)
+            row[f"rps_vs_{peer}"] = row[f"p99_vs_{peer}"] = None
+            if reference is not None and reference["ok_rps"]:
+                row[f"rps_vs_{peer}"] = round(figures["ok_rps"] / reference["ok_rps"], 3)
+            if reference is not None and reference["latency_ms"]["p99"] and latency["p99"] is not None:
+                row[f"p99_vs_{peer}"] = round(latency["p99"] / reference["latency_ms"]["p99"], 3)
         rows.append(row)
     return rows
 
 
 def peer_table(rows: list[dict[str, Any]]) -> str:
+    peers = [peer for peer in PEER_LABELS if any(row.get(f"rps_vs_{peer}") is not None for row in rows)] or ["naive"]
+    ratio_heads = "".join(f" throughput vs {peer} | p99 vs {peer} |" for peer in peers)
     lines = [
-        "| target | endpoint | throughput (ok/s) | p50 ms | p99 ms | error rate | throughput vs naive | p99 vs naive |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| target | endpoint | throughput (ok/s) | p50 ms | p99 ms | error rate |" + ratio_heads,
+        "|---|---|---:|---:|---:|---:|" + "---:|---:|" * len(peers),
     ]
     for row in rows:
+        ratios = "".join(
+            f" {_ratio(row.get(f'rps_vs_{peer}'))} | {_ratio(row.get(f'p99_vs_{peer}'))} |" for peer in peers
+        )
         lines.append(
             f"| {row['target']} | {row['endpoints']} | {row['ok_rps']:.1f} | {_ms(row['p50_ms'])} | "
-            f"{_ms(row['p99_ms'])} | {row['error_rate']:.2%} | {_ratio(row['rps_vs_naive'])} | "
-            f"{_ratio(row['p99_vs_naive'])} |"
+            f"{_ms(row['p99_ms'])} | {row['error_rate']:.2%} |" + ratios
         )
     return "\n".join(lines)
 

@@ -1,8 +1,9 @@
 """`bertserve loadtest`: validate everything, run locust headless against each target, write the results.
 
 Order of work: (1) check every input before any load: profile, mix, thresholds, data files (payloads are
-read now), loopback-only hosts, history and baseline, an external host's health; (2) per target (the naive
-peer, ours without batching, ours with batching; or one target) start the server if needed, run locust in a
+read now), loopback-only hosts, history and baseline, an external host's health; (2) per target (with
+`--peers`: the naive peer, the triton peer, ours without batching, then ours with batching; or one target)
+start the server if needed, run locust in a
 subprocess with the profile's load shape, show a progress line, stop the server; (3) write
 `<results>/<timestamp>-<profile>/`: locust's CSVs, `<target>_samples.csv`, `summary.json`, `report.md`,
 `latency.png`; append to the history file and compare with the previous run (or a baseline).
@@ -41,13 +42,24 @@ from loadtests.report import peer_rows, render_report
 from loadtests.safety import check_grpc_target, check_http_url
 from loadtests.samples import Sample, read_samples
 from loadtests.summary import ALL, stage_figures, summarize
-from loadtests.targets import REPO, RunningServer, Target, check_external, naive_command, ours_command
+from loadtests.targets import (
+    REPO,
+    RunningServer,
+    Target,
+    check_external,
+    naive_command,
+    ours_command,
+    triton_command,
+    triton_venv_problem,
+)
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 DEFAULT_RESULTS = REPO / "loadtests" / "results"
 DEFAULT_BUNDLES_DIR = REPO / "artifacts" / "bundles"
 DEFAULT_MODELS = {"classify": "minilm-sst2", "qa": "minilm-squad", "ner": "minilm-conll03", "embed": "minilm"}
 EXIT_OK, EXIT_REGRESSION, EXIT_CHECKS = 0, 3, 4
+PEERS = ("naive", "triton", "ours-no-batching")
+"""What `--peers` runs beside ours with batching, in this order (`--skip-peer` leaves one out)."""
 
 
 class LoadGeneratorError(RuntimeError):
@@ -63,6 +75,7 @@ class RunOptions:
     host: str | None = None
     grpc_host: str | None = None
     peers: bool = False
+    skip_peers: list[str] = field(default_factory=list)
     models: str | None = None
     peer_models: str | None = None
     bundles_dir: Path | None = None
@@ -93,6 +106,8 @@ class Plan:
     targets: list[Target]
     history_path: Path
     history: list[dict[str, Any]]
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Peers `--peers` could not run here -> why."""
 
 
 @dataclass
@@ -156,21 +171,36 @@ def _external_target(options: RunOptions, mix: ep.Mix) -> Target:
     return Target("external", "external", mix, http_url=http_url, grpc_target=grpc_target)
 
 
-def _started_targets(options: RunOptions, profile: Profile, mix: ep.Mix) -> list[Target]:
+def _started_targets(options: RunOptions, profile: Profile, mix: ep.Mix) -> tuple[list[Target], dict[str, str]]:
+    """The targets to start, and the peers skipped because this machine cannot run them (-> why)."""
     needed = ep.tasks(mix)
     bundles_dir = (options.bundles_dir or DEFAULT_BUNDLES_DIR).expanduser().resolve()
-    ours = [resolve_bundle(m, bundles_dir) for m in parse_task_models(options.models, needed, "--models").values()]
+    ours_by_task = {
+        task_name: resolve_bundle(model, bundles_dir)
+        for task_name, model in parse_task_models(options.models, needed, "--models").items()
+    }
+    ours = list(ours_by_task.values())
     extra = [*profile.server_args, *options.server_args]
-    targets = []
-    if options.peers:
+    peers = [peer for peer in PEERS if peer not in options.skip_peers] if options.peers else []
+    targets, skipped = [], {}
+    if "naive" in peers:
         peer_models = parse_task_models(options.peer_models or options.models, needed, "--peer-models")
         command, url = naive_command({task: resolve_peer_model(model) for task, model in peer_models.items()})
         targets.append(Target("naive", "naive", ep.as_rest(mix), command=command, http_url=url, ready_path="/health"))
-    for batching in [False, True] if options.peers else [True]:
+    if "triton" in peers:
+        problem = triton_venv_problem()
+        if problem is None:
+            command, url = triton_command(ours_by_task)
+            targets.append(
+                Target("triton", "triton", ep.as_rest(mix), command=command, http_url=url, ready_path="/health")
+            )
+        else:
+            skipped["triton"] = problem
+    for batching in [False, True] if "ours-no-batching" in peers else [True]:
         command, url, grpc_target = ours_command(ours, batching, profile.request_timeout_s, extra, None)
         label = "ours-batching" if batching else "ours-no-batching"
         targets.append(Target(label, "ours", mix, batching, command, url, grpc_target))
-    return targets
+    return targets, skipped
 
 
 def plan_run(options: RunOptions) -> Plan:
@@ -181,16 +211,19 @@ def plan_run(options: RunOptions) -> Plan:
     external = options.host is not None or options.grpc_host is not None
     if external and options.peers:
         raise ValueError("--peers starts its own servers: drop --host / --grpc-host")
+    unknown = sorted(set(options.skip_peers) - set(PEERS))
+    if unknown:
+        raise ValueError(f"--skip-peer {', '.join(unknown)}: the peers are {', '.join(PEERS)}")
     payloads = load_payloads(options.sst2, options.squad, options.conll, options.payload_limit, options.seed)
     history_path = options.history or (options.results_dir or DEFAULT_RESULTS) / "history.jsonl"
     history = read_history(history_path)
     if options.baseline is not None:
         check_baseline(history, options.baseline, history_path)
-    targets = [_external_target(options, mix)] if external else _started_targets(options, profile, mix)
+    targets, skipped = ([_external_target(options, mix)], {}) if external else _started_targets(options, profile, mix)
     for target in targets:
         if target.kind == "external":
             check_external(target)
-    return Plan(profile, mix, payloads, targets, history_path, history)
+    return Plan(profile, mix, payloads, targets, history_path, history, skipped)
 
 
 # ---- one target ---------------------------------------------------------------------------------------
@@ -314,11 +347,11 @@ def run_target(target: Target, plan: Plan, run_dir: Path, options: RunOptions, o
 
 # ---- checks, history, outputs -------------------------------------------------------------------------
 def evaluate_checks(profile: Profile, targets: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """The profile's checks on every target but the naive peer (which has no queue nor deadline)."""
+    """The profile's checks on our targets (the peers have no queue limit nor deadline to check)."""
     checks: list[dict[str, Any]] = []
     rules = profile.checks
     for label, target in targets.items():
-        if target["kind"] == "naive":
+        if target["kind"] in ("naive", "triton"):
             continue
         figures = target["summary"]["endpoints"][ALL]
 
@@ -423,6 +456,8 @@ def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunRes
     run_id, run_dir = _new_run_dir(options.results_dir or DEFAULT_RESULTS, plan.profile.name)
     created = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     (run_dir / "payloads.json").write_text(plan.payloads.to_json())
+    for label, why in plan.skipped.items():
+        out.write(f"peer {label} skipped: {why}\n")
     targets = {t.label: run_target(t, plan, run_dir, options, out) for t in plan.targets}
     samples = {label: target.pop("_samples") for label, target in targets.items()}
     summary: dict[str, Any] = {
@@ -436,6 +471,7 @@ def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunRes
         "machine": _machine(),
         "tag": options.tag,
         "targets": targets,
+        "skipped_peers": plan.skipped,
         "comparison": peer_rows(targets),
         "checks": evaluate_checks(plan.profile, targets),
         "regression": _regressions(plan, run_id, options, targets),

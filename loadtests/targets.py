@@ -1,5 +1,6 @@
 """The servers a run sends load to: our service (started with `bertserve serve`, batching on or off), the naive
-peer (`python -m loadtests.naive_server`), or a service already running at `--host` / `--grpc-host`.
+peer (`python -m loadtests.naive_server`), the triton peer (`python -m loadtests.triton_peer`, which starts
+Triton in its own venv), or a service already running at `--host` / `--grpc-host`.
 
 Servers started here listen on 127.0.0.1 on free ports, log to the run folder, and are stopped with SIGTERM
 (then SIGKILL after a grace period). Readiness is polled over the wire: `GET /health/ready` (ours),
@@ -24,6 +25,8 @@ from loadtests.endpoints import Mix
 
 REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
+TRITON_PYTHON = REPO / ".venv-triton" / "bin" / "python"
+"""The Triton venv's interpreter (`make triton-venv`), which runs the triton peer's Triton side."""
 
 
 class TargetStartError(RuntimeError):
@@ -35,9 +38,9 @@ class Target:
     """One system under test in a run."""
 
     label: str
-    """`naive`, `ours-no-batching`, `ours-batching` or `external`."""
+    """`naive`, `triton`, `ours-no-batching`, `ours-batching` or `external`."""
     kind: str
-    """`naive`, `ours` or `external`."""
+    """`naive`, `triton`, `ours` or `external`."""
     mix: Mix
     batching: bool | None = None
     command: list[str] = field(default_factory=list)
@@ -72,6 +75,22 @@ def naive_command(models: dict[str, str]) -> tuple[list[str], str]:
     command = [sys.executable, "-m", "loadtests.naive_server", "--host", LOOPBACK, "--port", str(port)]
     for task_name, model in models.items():
         command += ["--model", f"{task_name}={model}"]
+    return command, f"http://{LOOPBACK}:{port}"
+
+
+def triton_venv_problem(python: Path = TRITON_PYTHON) -> str | None:
+    """Why the triton peer cannot start here (None when its venv is in place)."""
+    if not python.is_file():
+        return f"no Triton venv at {python.parent.parent} (build it with `make triton-venv`)"
+    return None
+
+
+def triton_command(models: dict[str, str]) -> tuple[list[str], str]:
+    """(`python -m loadtests.triton_peer ...` argv, REST URL) on a free loopback port; models are bundle folders."""
+    port = free_port()
+    command = [sys.executable, "-m", "loadtests.triton_peer", "--host", LOOPBACK, "--port", str(port)]
+    for task_name, folder in models.items():
+        command += ["--model", f"{task_name}={folder}"]
     return command, f"http://{LOOPBACK}:{port}"
 
 
@@ -116,6 +135,21 @@ def check_external(target: Target) -> None:
             raise ValueError(f"--grpc-host {target.grpc_target} is not serving (gRPC health: {what})")
 
 
+def _process_stats() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, user + system CPU seconds) of every process /proc shows."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)  # ppid, utime, stime
+    return stats
+
+
 class RunningServer:
     """A server process started for one target; a context manager that always stops it."""
 
@@ -157,14 +191,19 @@ class RunningServer:
         raise TargetStartError(f"{self.target.label} not ready after {timeout_s:.0f}s ({what}):\n{self.log_tail()}")
 
     def cpu_seconds(self) -> float | None:
-        """User + system CPU seconds the server process has used so far (Linux /proc; None elsewhere)."""
+        """User + system CPU seconds the server process and its live descendants have used so far (Linux
+        /proc; None elsewhere): the triton peer's work runs in child processes."""
         if self.process is None:
             return None
-        try:
-            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+        stats = _process_stats()
+        if self.process.pid not in stats:
             return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+        total, todo = 0.0, [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            total += stats[pid][1]
+            todo += [child for child, (parent, _) in stats.items() if parent == pid]
+        return total
 
     def log_tail(self, lines: int = 15) -> str:
         if self._log is not None:

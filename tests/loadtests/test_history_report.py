@@ -95,5 +95,21 @@ def test_peer_rows_ratios_and_table() -> None:
     assert rows[2]["rps_vs_naive"] == 4.0 and rows[2]["p99_vs_naive"] == pytest.approx(0.333, abs=1e-3)
     table = peer_table(rows)
     assert "| ours-batching | /classify | 200.0 | 100.0 | 300.0 | 0.10% | 4.00× | 0.33× |" in table
+    assert "triton" not in table  # no triton peer in the run: no columns for it
     alone = peer_rows({"external": _target(10.0, 1.0, 2.0)})
     assert alone[0]["rps_vs_naive"] is None and "–" in peer_table(alone)
+
+
+def test_peer_rows_compare_with_the_triton_peer_too() -> None:
+    targets = {
+        "naive": _target(50.0, 400.0, 900.0),
+        "triton": _target(160.0, 150.0, 400.0),
+        "ours-batching": _target(240.0, 100.0, 300.0),
+    }
+    rows = peer_rows(targets)
+    assert rows[1]["rps_vs_naive"] == 3.2 and rows[1]["rps_vs_triton"] == 1.0
+    assert rows[2]["rps_vs_triton"] == 1.5 and rows[2]["p99_vs_triton"] == 0.75
+    assert rows[0]["rps_vs_triton"] == pytest.approx(0.3125, abs=1e-3)
+    table = peer_table(rows)
+    assert "throughput vs naive | p99 vs naive | throughput vs triton | p99 vs triton |" in table
+    assert "| ours-batching | /classify | 240.0 | 100.0 | 300.0 | 0.00% | 4.80× | 0.33× | 1.50× | 0.75× |" in table

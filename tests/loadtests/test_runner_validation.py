@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import loadtests.runner as runner_module
+import loadtests.targets as targets_module
 from loadtests.runner import RunOptions, plan_run
 from loadtests.targets import free_port
 
@@ -68,6 +70,7 @@ def _options(tmp_path: Path, **overrides: object) -> RunOptions:
         ({"mix": "QA.Extract", "grpc_host": "192.168.0.3:50051"}, ValueError, "not on this machine"),
         ({"mix": "QA.Extract", "host": "http://127.0.0.1:8000"}, ValueError, "give --grpc-host"),
         ({"peers": True, "host": "http://127.0.0.1:8000"}, ValueError, "drop --host"),
+        ({"peers": True, "skip_peers": ["tgi"]}, ValueError, "--skip-peer tgi: the peers are naive, triton"),
         ({"sst2": Path("/nonexistent/sst2.tsv")}, FileNotFoundError, "does not exist"),
         ({"baseline": "v1"}, ValueError, "baseline 'v1' is neither a tag nor a run id"),
         ({"max_rps_drop": 1.5}, ValueError, "--max-rps-drop"),
@@ -90,6 +93,31 @@ def test_missing_peer_model_is_refused(tmp_path: Path, tiny: tuple[Path, Path]) 
     plan = plan_run(_options(tmp_path, mix="/classify", models=f"classify={bundle}"))
     assert [t.label for t in plan.targets] == ["ours-batching"]
     assert str(bundle.resolve()) in plan.targets[0].command
+
+
+def test_peers_and_skipped_peers(tmp_path: Path, tiny: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    checkpoint, bundle = tiny
+    options = {"peers": True, "mix": "/classify,Classifier.Classify", "models": f"classify={bundle}"}
+    options["peer_models"] = f"classify={checkpoint}"
+    fake_python = tmp_path / "venv-triton" / "bin" / "python"
+    fake_python.parent.mkdir(parents=True)
+    fake_python.touch()
+    monkeypatch.setattr(runner_module, "triton_venv_problem", lambda: targets_module.triton_venv_problem(fake_python))
+    plan = plan_run(_options(tmp_path, **options))
+    assert [t.label for t in plan.targets] == ["naive", "triton", "ours-no-batching", "ours-batching"]
+    triton = plan.targets[1]
+    assert triton.mix == {"/classify": 2}  # the peers answer REST only: the gRPC share goes to its REST path
+    assert triton.command[1:3] == ["-m", "loadtests.triton_peer"]
+    assert f"classify={bundle.resolve()}" in triton.command  # the very bundles ours serves
+    assert plan.skipped == {}
+
+    plan = plan_run(_options(tmp_path, **options, skip_peers=["naive", "ours-no-batching"]))
+    assert [t.label for t in plan.targets] == ["triton", "ours-batching"]
+
+    fake_python.unlink()  # no Triton venv: the peer is skipped with the reason, the others run
+    plan = plan_run(_options(tmp_path, **options))
+    assert [t.label for t in plan.targets] == ["naive", "ours-no-batching", "ours-batching"]
+    assert "make triton-venv" in plan.skipped["triton"]
 
 
 def test_unreachable_host_is_refused(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The smoke profile end to end, as CI runs it: real servers, real locust, every output file checked.
 
-One run with the peers (naive FastAPI + transformers, ours without and with batching) on a tiny classifier,
+One run with the peers (naive FastAPI + transformers, ours without and with batching; the triton peer has its
+own test, test_triton_peer.py) on a tiny classifier,
 REST /classify with SST-2 sentences (or the built-in sample without ../shared/data); then a run over gRPC and
 REST compared with a named baseline that is far better, which must report a regression and exit 3.
 """
@@ -60,7 +61,8 @@ def test_smoke_with_peers_then_regression_against_a_baseline(tiny: tuple[Path, P
     sst2 = DATA_DIR / "sst2" / "dev.half-a.tsv"
     data = ["--sst2", str(sst2)] if sst2.is_file() else []
     done = _loadtest(
-        "--peers", "--mix", "/classify", "--models", f"classify={bundle}", "--peer-models", f"classify={checkpoint}",
+        "--peers", "--skip-peer", "triton", "--mix", "/classify", "--models", f"classify={bundle}",
+        "--peer-models", f"classify={checkpoint}",
         "--results-dir", str(results), *data,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,271 @@
+"""The `triton` peer's model side: our bundles and task code behind a real Triton server's dynamic batcher.
+
+What an experienced engineer would build instead of bertserve: the same exported graph served by Triton, with
+Triton's dynamic batcher gathering requests, and tokenization plus post-processing in Triton's Python binding.
+Runs in the Triton venv (`make triton-venv`: nvidia-pytriton bundles Triton 2.51 and needs numpy<2), with the
+repository on PYTHONPATH; `loadtests/triton_peer.py` starts it and puts the REST paths in front of it:
+
+    .venv-triton/bin/python -m loadtests.triton_models --model classify=BUNDLE [--model qa=BUNDLE ...] \
+        --grpc-port P --http-port P --metrics-port P [--max-batch-size 8] [--max-queue-delay-us 0]
+
+Each task is one Triton model (named after the task), bound through pytriton: inputs `request` (BYTES: the
+JSON body the REST route received) and `route` (BYTES: the REST path), outputs `status` (INT32: the HTTP
+status), `body` (BYTES: the JSON answer) and `inference_ms` (FP32: the model calls of the batch it was in).
+Triton's dynamic batcher hands the bound function up to `--max-batch-size` requests; it turns each into
+features with the service's own pipeline code (`service.pipelines`, imported, not copied: the same
+`tokenizers` windows and the same post-processing, so the answers equal ours), sorts the features of the whole
+batch by length and runs them in calls of at most `--max-batch-size` rows padded to the longest, on the variant
+the service would choose (the bundle's default CPU variant: OpenVINO when it imports, else ONNX Runtime),
+compiled with the service's settings. Prints READY once every model is bound and Triton serves.
+Reference: https://triton-inference-server.github.io/pytriton/ (binding, @batch, DynamicBatcher).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bert_model.tasks.features import Feature, collate
+from bert_model.tasks.spec import INPUT_NAMES
+from service.bundles import ServingBundle, open_bundle
+from service.errors import InputTooLong, ServiceError
+from service.ort_backend import OPENVINO, choose_variant
+from service.pipelines import ClassifyInput, EmbedInput, NERInput, Pipeline, QAInput, make_pipeline
+
+TASKS = ("classify", "qa", "ner", "embed")
+NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
+
+
+class Runner:
+    """The bundle's default CPU variant, compiled the way the service compiles it; numpy in, numpy out."""
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        manifest = bundle.manifest
+        self.variant, provider = choose_variant(manifest, device="cpu")
+        spec = manifest.variants[self.variant]
+        self.output_names = list(manifest.output_names)
+        path = str(bundle.path / spec.file)
+        if provider == OPENVINO:
+            import openvino as ov
+
+            compiled = ov.Core().compile_model(path, "CPU", {"PERFORMANCE_HINT": "LATENCY", **spec.runtime_options})
+            names = {node.get_any_name() for node in compiled.inputs}
+            ports = {name: port for port in compiled.outputs for name in port.get_names()}
+            self._request = compiled.create_infer_request()
+            self._ports = {name: ports[name] for name in self.output_names}
+            self.run = self._run_openvino
+        else:
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            names = {node.name for node in self._session.get_inputs()}
+            self.run = self._run_onnxruntime
+        self.input_names = [name for name in INPUT_NAMES if name in names]
+
+    def _run_openvino(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        result = self._request.infer({name: arrays[name] for name in self.input_names})
+        return {name: np.array(result[port]) for name, port in self._ports.items()}
+
+    def _run_onnxruntime(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self._session.run(self.output_names, {name: arrays[name] for name in self.input_names})
+        return dict(zip(self.output_names, values, strict=True))
+
+
+# ---- requests in, answers out (the shapes of the service's REST routes) --------------------------------
+def _texts(value: Any) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
+        raise ServiceError("inputs must be a string or a non-empty list of strings")
+    return texts
+
+
+def task_input(task: str, route: str, body: dict[str, Any]) -> Any:
+    """The pipeline input of one REST body (the fields the load tests send, with the service's defaults)."""
+    if task == "classify":
+        return ClassifyInput(texts=_texts(body["inputs"]))
+    if task == "qa":
+        return QAInput(questions=[body["question"]], contexts=[body["context"]])
+    if task == "ner":
+        return NERInput(texts=_texts(body["inputs"]))
+    return EmbedInput(texts=_texts(body["input"] if route == "/v1/embeddings" else body["inputs"]))
+
+
+def shape_answer(task: str, route: str, body: dict[str, Any], results: list[Any]) -> Any:
+    """The JSON answer of the service's route for these results."""
+    if task == "qa":
+        return (results[0] or [NO_ANSWER])[0]
+    if task == "embed":
+        if route != "/v1/embeddings":
+            return [result["embedding"] for result in results]
+        tokens = sum(result["tokens"] for result in results)
+        data = [{"object": "embedding", "embedding": r["embedding"], "index": i} for i, r in enumerate(results)]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return {"object": "list", "data": data, "model": "triton", "usage": usage}
+    single = isinstance(body.get("inputs"), str)
+    return results[0] if single else results
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _status(error: Exception) -> int:
+    if isinstance(error, InputTooLong):
+        return 413
+    return 422 if isinstance(error, ServiceError | KeyError | TypeError | ValueError) else 500
+
+
+class TaskModel:
+    """One task: a batch of REST bodies -> features -> runner calls -> one (status, JSON) per body."""
+
+    def __init__(self, task: str, bundle: ServingBundle, max_rows: int) -> None:
+        self.task = task
+        self.pipeline: Pipeline = make_pipeline(bundle)
+        self.runner = Runner(bundle)
+        self.max_rows = max_rows
+        self.pad_id = bundle.tokenizer.pad_id
+
+    def answer(self, bodies: Sequence[bytes], routes: Sequence[str]) -> tuple[list[tuple[int, bytes]], float]:
+        """(status, JSON answer) per body, and the milliseconds the batch's model calls took."""
+        parsed: list[tuple[Any, list[Feature]] | Exception] = []
+        for raw, route in zip(bodies, routes, strict=True):
+            try:
+                request = task_input(self.task, route, json.loads(raw))
+                parsed.append((request, self.pipeline.features(request)))
+            except Exception as error:  # one bad body answers its own error; the batch goes on
+                parsed.append(error)
+        features = [(i, k, f) for i, item in enumerate(parsed) if not isinstance(item, Exception) for k, f in
+                    enumerate(item[1])]  # fmt: skip
+        started = time.perf_counter()
+        rows = self._run([feature for _, _, feature in features])
+        inference_ms = (time.perf_counter() - started) * 1000
+        outputs: dict[int, list[dict[str, np.ndarray]]] = {}
+        for (index, _, _), row in zip(features, rows, strict=True):
+            outputs.setdefault(index, []).append(row)
+        answers = []
+        for index, (item, route, raw) in enumerate(zip(parsed, routes, bodies, strict=True)):
+            if isinstance(item, Exception):
+                message = item.message if isinstance(item, ServiceError) else f"{type(item).__name__}: {item}"
+                answers.append((_status(item), json.dumps({"error": message}).encode()))
+                continue
+            request, request_features = item
+            results = self.pipeline.postprocess(request, request_features, outputs.get(index, []))
+            answer = shape_answer(self.task, route, json.loads(raw), results)
+            answers.append((200, json.dumps(answer, default=_plain).encode()))
+        return answers, inference_ms
+
+    def _run(self, features: list[Feature]) -> list[dict[str, np.ndarray]]:
+        """Output rows in feature order: calls of at most max_rows features of similar length, padded to the
+        longest of each call; sequence outputs cut to the feature's own length."""
+        rows: list[dict[str, np.ndarray]] = [{} for _ in features]
+        order = sorted(range(len(features)), key=lambda i: len(features[i]))
+        sequence = set(self.pipeline.sequence_outputs)
+        for start in range(0, len(order), self.max_rows):
+            chunk = order[start : start + self.max_rows]
+            outputs = self.runner.run(collate([features[i] for i in chunk], self.pad_id))
+            for row, i in enumerate(chunk):
+                length = len(features[i])
+                rows[i] = {
+                    name: value[row, :length] if name in sequence else value[row] for name, value in outputs.items()
+                }
+        return rows
+
+
+def make_infer(model: TaskModel) -> Callable[..., dict[str, np.ndarray]]:
+    from pytriton.decorators import batch
+
+    @batch
+    def infer(request: np.ndarray, route: np.ndarray) -> dict[str, np.ndarray]:
+        answers, inference_ms = model.answer([row[0] for row in request], [row[0].decode() for row in route])
+        status = np.array([[code] for code, _ in answers], dtype=np.int32)
+        body = np.empty((len(answers), 1), dtype=object)
+        body[:, 0] = [payload for _, payload in answers]
+        return {"status": status, "body": body, "inference_ms": np.full((len(answers), 1), inference_ms, np.float32)}
+
+    return infer
+
+
+def bind(triton: Any, model: TaskModel, max_batch_size: int, delay_us: int) -> None:
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+
+    triton.bind(
+        model_name=model.task,
+        infer_func=make_infer(model),
+        inputs=[Tensor(name="request", dtype=np.bytes_, shape=(1,)), Tensor(name="route", dtype=np.bytes_, shape=(1,))],
+        outputs=[
+            Tensor(name="status", dtype=np.int32, shape=(1,)),
+            Tensor(name="body", dtype=np.bytes_, shape=(1,)),
+            Tensor(name="inference_ms", dtype=np.float32, shape=(1,)),
+        ],
+        config=ModelConfig(
+            max_batch_size=max_batch_size, batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us)
+        ),
+        strict=False,
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", action="append", default=[], help="TASK=BUNDLE_FOLDER (classify, qa, ner, embed)")
+    parser.add_argument("--grpc-port", type=int, required=True)
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--metrics-port", type=int, required=True)
+    parser.add_argument("--max-batch-size", type=int, default=8, help="requests per call of the bound function")
+    parser.add_argument("--max-queue-delay-us", type=int, default=0, help="Triton's dynamic batcher delay")
+    args = parser.parse_args(argv)
+    models = dict(item.split("=", 1) for item in args.model if "=" in item)
+    if not models or len(models) != len(args.model) or set(models) - set(TASKS):
+        parser.error(f"give --model TASK=BUNDLE with TASK in {list(TASKS)} (got {args.model})")
+    if args.max_batch_size < 1 or args.max_queue_delay_us < 0:
+        parser.error("--max-batch-size must be >= 1 and --max-queue-delay-us >= 0")
+    args.models = models
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    from pytriton.server import triton_server
+    from pytriton.triton import Triton, TritonConfig
+
+    args = parse_args(argv)
+    models = [TaskModel(task, open_bundle(Path(folder)), args.max_batch_size) for task, folder in args.models.items()]
+    for model in models:  # the first calls compile kernels: not part of what the load test measures
+        model.answer([json.dumps(_warmup_body(model.task)).encode()], ["/warmup"])
+    # tritonserver's Python-backend stubs do not exit on SIGINT here; pytriton would wait 30 s before killing it
+    triton_server.SERVER_OUTPUT_TIMEOUT_SECS = 3
+    config = TritonConfig(
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        metrics_port=args.metrics_port,
+        exit_timeout_secs=2,
+        grpc_address="127.0.0.1",
+        http_address="127.0.0.1",
+    )
+    with Triton(config=config) as triton:
+        for model in models:
+            bind(triton, model, args.max_batch_size, args.max_queue_delay_us)
+        triton.run()
+        variants = ", ".join(f"{model.task}: {model.runner.variant}" for model in models)
+        print(f"READY ({variants})", flush=True)
+        signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+
+def _warmup_body(task: str) -> dict[str, Any]:
+    if task == "qa":
+        return {"question": "What warms up?", "context": "The peer warms up every model before it serves. " * 20}
+    return {"inputs": ["warm up the model", "a second, somewhat longer warm-up sentence " * 4]}
+
+
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    main()
