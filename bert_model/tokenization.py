@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Encoding, Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
 from bert_model.registry import resolve_model_path
@@ -42,6 +42,7 @@ class BertTokenizer:
         missing = [token for token in SPECIAL_TOKENS if token not in vocab]
         if missing:
             raise ValueError(f"the vocabulary lacks BERT's special tokens {missing}")
+        _register_special_tokens(tokenizer)
         self._lock = threading.Lock()
         self._truncating_copies: dict[tuple[int, str, int], Tokenizer] = {}
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (vocab[t] for t in SPECIAL_TOKENS)
@@ -247,6 +248,16 @@ def build_wordpiece(vocab: dict[str, int], lowercase: bool) -> Tokenizer:
     )
     tokenizer.decoder = decoders.WordPiece(prefix="##")
     return tokenizer
+
+
+def _register_special_tokens(tokenizer: Tokenizer) -> None:
+    """Make BERT's special tokens added special tokens (unsplit, never lower-cased), as Hugging Face's BERT
+    tokenizers have them: "[MASK]" written in a text is then the mask token, not `[`, `mask`, `]`. A vocabulary
+    file, or a tokenizer.json saved without `added_tokens`, does not say so itself."""
+    added = {token.content for token in tokenizer.get_added_tokens_decoder().values()}
+    tokens = [AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS if token not in added]
+    if tokens:
+        tokenizer.add_special_tokens(tokens)
 
 
 def _check_texts(texts: Sequence[str], name: str) -> None:

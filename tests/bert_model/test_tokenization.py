@@ -182,3 +182,17 @@ def test_save_round_trip_loads_in_transformers(ours, tmp_path) -> None:
     text = "A round trip, naïve café."
     assert again.encode(text).ids == ours.encode(text).ids == theirs(text)["input_ids"]
     assert len(theirs("word " * 300)["input_ids"]) == 302  # no baked-in truncation either
+
+
+def test_special_tokens_written_in_a_text_stay_whole_as_in_transformers(ours, hf_tokenizer, tmp_path) -> None:
+    """"[MASK]" in a text is the mask token (fill-mask inputs), as in Hugging Face's BERT tokenizers, also for a
+    tokenizer.json saved without `added_tokens` (what an older `bertserve pretrain-vocab` wrote)."""
+    text = "Paris is the [MASK] of France. [SEP] and [CLS] too"
+    expected = hf_tokenizer(text)["input_ids"]
+    assert ours.encode(text).ids == expected
+    assert ours.mask_id in expected and expected.count(ours.sep_id) == 2
+    state = json.loads(ours.backend.to_str())
+    state["added_tokens"] = []
+    (tmp_path / "tokenizer.json").write_text(json.dumps(state))
+    shutil.copy(minilm_path() / "tokenizer_config.json", tmp_path / "tokenizer_config.json")
+    assert BertTokenizer.from_pretrained(tmp_path).encode(text).ids == expected
