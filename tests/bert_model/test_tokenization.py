@@ -185,7 +185,7 @@ def test_save_round_trip_loads_in_transformers(ours, tmp_path) -> None:
 
 
 def test_special_tokens_written_in_a_text_stay_whole_as_in_transformers(ours, hf_tokenizer, tmp_path) -> None:
-    """"[MASK]" in a text is the mask token (fill-mask inputs), as in Hugging Face's BERT tokenizers, also for a
+    """ "[MASK]" in a text is the mask token (fill-mask inputs), as in Hugging Face's BERT tokenizers, also for a
     tokenizer.json saved without `added_tokens` (what an older `bertserve pretrain-vocab` wrote)."""
     text = "Paris is the [MASK] of France. [SEP] and [CLS] too"
     expected = hf_tokenizer(text)["input_ids"]
