@@ -256,6 +256,7 @@ class InferenceService:
             "inter_op_threads": settings.ort_inter_op_threads,
             "workers": settings.inference_threads,
             "spinning": settings.ort_spinning,
+            "openvino_streams": settings.openvino_streams,
         }
 
     async def _warm_up(self, model: LoadedModel) -> None:

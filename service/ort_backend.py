@@ -163,6 +163,7 @@ class OrtBackend:
         inter_op_threads: int = 0,
         workers: int = 1,
         spinning: bool = False,
+        openvino_streams: int = 1,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
         self.manifest = manifest
@@ -171,6 +172,7 @@ class OrtBackend:
         self._intra = intra_op_threads
         self._inter = inter_op_threads
         self._spinning = spinning
+        self._streams = openvino_streams
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ort-{manifest.name}")
         self._session: ort.InferenceSession | None = None
         self._compiled: Any = None  # an OpenVINO CompiledModel for OpenVINO variants
@@ -190,6 +192,8 @@ class OrtBackend:
 
         spec = self.manifest.variants[self.variant]
         config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
+        if self._streams > 1:  # several batches at once, each on its share of the cores
+            config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": str(self._streams)}
         if self._intra:
             config["INFERENCE_NUM_THREADS"] = self._intra
         config.update(spec.runtime_options)

@@ -92,6 +92,12 @@ class ServiceSettings(BaseSettings):
         "with the event loop and tokenization).",
     )
     inference_threads: int = Field(default=1, ge=1, description="Worker threads running backend calls off the loop.")
+    openvino_streams: int = Field(
+        default=1,
+        ge=1,
+        description="OpenVINO variants: streams (batches computed at once, the cores split between them); 1 = "
+        "the latency setting. More than 1 pays only with as many --max-concurrent-batches and --inference-threads.",
+    )
 
     # ---- Triton -------------------------------------------------------------------------------
     triton_url: str = Field(default="localhost:8001", description="Triton gRPC endpoint host:port.")

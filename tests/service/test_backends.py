@@ -97,6 +97,33 @@ def test_openvino_and_onnxruntime_agree(tiny_bundles: dict[str, Path], tmp_path:
         np.testing.assert_allclose(openvino[name], value, atol=2e-2)  # OpenVINO computes in bf16 on AMX CPUs
 
 
+def test_openvino_streams_give_the_same_answers(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """--openvino-streams 2: the compiled model has two streams, and two calls in flight (two worker threads,
+    one infer request each) give the answers one stream gives."""
+    pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
+    folder = _with_openvino_variant(tiny_bundles["classify"], tmp_path)
+    bundle = BundleManifest.read(folder)
+    rng = np.random.default_rng(1)
+    feeds = []
+    for length in (9, 23):
+        ids = rng.integers(1000, 5000, size=(2, length)).astype(np.int64)
+        feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})
+
+    async def run(streams: int) -> tuple[int, list[dict[str, np.ndarray]]]:
+        backend = OrtBackend(folder, bundle, variant="openvino-fp32", workers=streams, openvino_streams=streams)
+        await backend.start()
+        try:
+            answers = await asyncio.gather(*(backend.infer(feed) for feed in feeds))
+            return int(backend._compiled.get_property("NUM_STREAMS")), answers
+        finally:
+            await backend.close()
+
+    (one, single), (two, double) = asyncio.run(run(1)), asyncio.run(run(2))
+    assert (one, two) == (1, 2)
+    for left, right in zip(single, double, strict=True):
+        np.testing.assert_allclose(left["logits"], right["logits"], atol=1e-5)
+
+
 def test_backend_errors_are_domain_errors(tiny_bundles: dict[str, Path]) -> None:
     from service.errors import BackendError
 
