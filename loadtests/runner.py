@@ -47,9 +47,8 @@ from loadtests.targets import (
     RunningServer,
     Target,
     check_external,
-    naive_command,
     ours_command,
-    triton_command,
+    peer_command,
     triton_venv_problem,
 )
 
@@ -185,12 +184,12 @@ def _started_targets(options: RunOptions, profile: Profile, mix: ep.Mix) -> tupl
     targets, skipped = [], {}
     if "naive" in peers:
         peer_models = parse_task_models(options.peer_models or options.models, needed, "--peer-models")
-        command, url = naive_command({task: resolve_peer_model(model) for task, model in peer_models.items()})
+        command, url = peer_command("naive", {task: resolve_peer_model(m) for task, m in peer_models.items()})
         targets.append(Target("naive", "naive", ep.as_rest(mix), command=command, http_url=url, ready_path="/health"))
     if "triton" in peers:
         problem = triton_venv_problem()
         if problem is None:
-            command, url = triton_command(ours_by_task)
+            command, url = peer_command("triton", ours_by_task)
             targets.append(
                 Target("triton", "triton", ep.as_rest(mix), command=command, http_url=url, ready_path="/health")
             )

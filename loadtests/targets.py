@@ -69,10 +69,14 @@ def ours_command(
     return [*command, *extra], f"http://{LOOPBACK}:{http_port}", f"{LOOPBACK}:{grpc_port}"
 
 
-def naive_command(models: dict[str, str]) -> tuple[list[str], str]:
-    """(`python -m loadtests.naive_server ...` argv, REST URL) on a free loopback port."""
+PEER_MODULES = {"naive": "loadtests.naive_server", "triton": "loadtests.triton_peer"}
+
+
+def peer_command(peer: str, models: dict[str, str]) -> tuple[list[str], str]:
+    """(`python -m <the peer's module> ...` argv, REST URL) on a free loopback port; `models`: task -> the model
+    folder or name the peer loads (the naive peer: a checkpoint; the triton peer: a serving bundle)."""
     port = free_port()
-    command = [sys.executable, "-m", "loadtests.naive_server", "--host", LOOPBACK, "--port", str(port)]
+    command = [sys.executable, "-m", PEER_MODULES[peer], "--host", LOOPBACK, "--port", str(port)]
     for task_name, model in models.items():
         command += ["--model", f"{task_name}={model}"]
     return command, f"http://{LOOPBACK}:{port}"
@@ -83,15 +87,6 @@ def triton_venv_problem(python: Path = TRITON_PYTHON) -> str | None:
     if not python.is_file():
         return f"no Triton venv at {python.parent.parent} (build it with `make triton-venv`)"
     return None
-
-
-def triton_command(models: dict[str, str]) -> tuple[list[str], str]:
-    """(`python -m loadtests.triton_peer ...` argv, REST URL) on a free loopback port; models are bundle folders."""
-    port = free_port()
-    command = [sys.executable, "-m", "loadtests.triton_peer", "--host", LOOPBACK, "--port", str(port)]
-    for task_name, folder in models.items():
-        command += ["--model", f"{task_name}={folder}"]
-    return command, f"http://{LOOPBACK}:{port}"
 
 
 def http_ready(url: str, timeout_s: float = 2.0) -> tuple[bool, str]:
