@@ -146,13 +146,15 @@ $(foreach name,$(DEFAULT_BUNDLES),$(eval $(call loadtest_bundle_rule,$(name))))
 loadtest: install proto $(LOADTEST_BUNDLES)
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile $(LOADTEST_PROFILE) $(LOADTEST_ARGS)
 
-# The README's measured runs (about 10 minutes): /classify and QA.Extract at 32 users against the naive peer,
-# then the overload profile.
-loadtest-acceptance: install proto $(LOADTEST_BUNDLES)
+# The README's measured runs (about 20 minutes): /classify, QA.Extract and /embed at 32 users beside the naive
+# and the triton peer, then the overload profile.
+loadtest-acceptance: install proto triton-venv $(LOADTEST_BUNDLES)
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile steady --peers --mix /classify \
 		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-classify
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile steady --peers --mix QA.Extract \
 		--models qa=minilm-squad --squad $(SQUAD_DEV) --tag acceptance-qa-grpc
+	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile steady --peers --mix /embed \
+		--models embed=minilm --sst2 $(SST2_DEV) --tag acceptance-embed
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile overload --mix "/classify=1,Classifier.Classify=1" \
 		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-overload
 
