@@ -61,11 +61,14 @@ serve: install proto
 # load tests' `triton` peer (which also runs our torch-free task code: tokenizers, and OpenVINO for its variants).
 TRITON_VENV ?= .venv-triton
 TRITON_PACKAGES := "nvidia-pytriton==0.7.0" "numpy<2" "onnxruntime==1.32.*" "tokenizers==0.23.*" "openvino==2026.4.*"
-triton-venv: $(TRITON_VENV)/.stamp
-$(TRITON_VENV)/.stamp: Makefile
+# The stamp is named after the package list: changing the list installs again.
+TRITON_STAMP := $(TRITON_VENV)/.stamp-$(shell echo '$(TRITON_PACKAGES)' | cksum | cut -d' ' -f1)
+triton-venv: $(TRITON_STAMP)
+$(TRITON_STAMP):
 	test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/python -m pip install -q --upgrade pip
 	$(TRITON_VENV)/bin/python -m pip install -q $(TRITON_PACKAGES)
+	rm -f $(TRITON_VENV)/.stamp*
 	touch $@
 
 # Service overhead at low load and throughput with batching on vs off (under the shared CPU lock).
