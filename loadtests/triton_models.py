@@ -12,11 +12,13 @@ Each task is one Triton model (named after the task), bound through pytriton: in
 JSON body the REST route received) and `route` (BYTES: the REST path), outputs `status` (INT32: the HTTP
 status), `body` (BYTES: the JSON answer) and `inference_ms` (FP32: the model calls of the batch it was in).
 Triton's dynamic batcher hands the bound function up to `--max-batch-size` requests; it turns each into
-features with the service's own pipeline code (`service.pipelines`, imported, not copied: the same
-`tokenizers` windows and the same post-processing, so the answers equal ours), sorts the features of the whole
-batch by length and runs them in calls of at most `--max-batch-size` rows padded to the longest, on the variant
-the service would choose (the bundle's default CPU variant: OpenVINO when it imports, else ONNX Runtime),
-compiled with the service's settings. Prints READY once every model is bound and Triton serves.
+features with the project's task code (`bert_model.tasks`: the `tokenizers` windows and the post-processing the
+service runs, with the windows and defaults the service takes from the manifest; the load tests talk to the
+service only over the wire, so nothing of `service` is imported, and tests/loadtests/test_triton_peer.py checks
+that the answers equal a running service's), sorts the features of the whole batch by length and runs them in
+calls of at most `--max-batch-size` rows padded to the longest, on the variant the service would choose (the
+bundle's default CPU variant: OpenVINO when it imports, else ONNX Runtime), compiled with the service's
+settings. Prints READY once every model is bound and Triton serves.
 Reference: https://triton-inference-server.github.io/pytriton/ (binding, @batch, DynamicBatcher).
 """
 
@@ -32,27 +34,49 @@ from typing import Any
 
 import numpy as np
 
+from bert_model.tasks.classification import build_classification_features, classification_postprocess
+from bert_model.tasks.embeddings import embedding_postprocess
 from bert_model.tasks.features import Feature, collate
-from bert_model.tasks.spec import INPUT_NAMES
-from service.bundles import ServingBundle, open_bundle
-from service.errors import InputTooLong, ServiceError
-from service.ort_backend import OPENVINO, choose_variant
-from service.pipelines import ClassifyInput, EmbedInput, NERInput, Pipeline, QAInput, make_pipeline
+from bert_model.tasks.ner import build_ner_features, ner_postprocess
+from bert_model.tasks.qa import build_qa_features, qa_postprocess
+from bert_model.tasks.spec import INPUT_NAMES, TOKENIZER_DIR, BundleManifest
+from bert_model.tasks.windows import fit_ner_window, fit_qa_window
+from bert_model.tokenization import BertTokenizer
 
 TASKS = ("classify", "qa", "ner", "embed")
 NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
+SEQUENCE_OUTPUTS = {"qa": ("start_logits", "end_logits"), "ner": ("logits",), "embed": ("last_hidden_state",)}
+"""Outputs with a row per token: cut to each feature's own length."""
+OPENVINO = "OpenVINO"
+
+
+def default_cpu_variant(manifest: BundleManifest) -> str:
+    """The variant the service serves on a CPU: the manifest's cpu default (OpenVINO, when it imports), else its
+    ONNX Runtime default."""
+    for key in ("cpu", "cpu-onnxruntime"):
+        name = manifest.default_variants.get(key)
+        if name is not None and (manifest.variants[name].provider != OPENVINO or _openvino_imports()):
+            return name
+    raise ValueError(f"bundle {manifest.name!r} names no CPU variant this process can run")
+
+
+def _openvino_imports() -> bool:
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class Runner:
-    """The bundle's default CPU variant, compiled the way the service compiles it; numpy in, numpy out."""
+    """The bundle's default CPU variant, compiled with the service's settings; numpy in, numpy out."""
 
-    def __init__(self, bundle: ServingBundle) -> None:
-        manifest = bundle.manifest
-        self.variant, provider = choose_variant(manifest, device="cpu")
+    def __init__(self, folder: Path, manifest: BundleManifest) -> None:
+        self.variant = default_cpu_variant(manifest)
         spec = manifest.variants[self.variant]
         self.output_names = list(manifest.output_names)
-        path = str(bundle.path / spec.file)
-        if provider == OPENVINO:
+        path = str(folder / spec.file)
+        if spec.provider == OPENVINO:
             import openvino as ov
 
             compiled = ov.Core().compile_model(path, "CPU", {"PERFORMANCE_HINT": "LATENCY", **spec.runtime_options})
@@ -80,23 +104,65 @@ class Runner:
         return dict(zip(self.output_names, values, strict=True))
 
 
-# ---- requests in, answers out (the shapes of the service's REST routes) --------------------------------
+# ---- requests in, answers out (the service's defaults and the shapes of its REST routes) ------------------
 def _texts(value: Any) -> list[str]:
     texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, list) or not texts or not all(isinstance(text, str) for text in texts):
-        raise ServiceError("inputs must be a string or a non-empty list of strings")
+    if not isinstance(texts, list) or not texts or not all(isinstance(text, str) and text.strip() for text in texts):
+        raise ValueError("inputs must be a non-blank string or a non-empty list of them")
     return texts
 
 
-def task_input(task: str, route: str, body: dict[str, Any]) -> Any:
-    """The pipeline input of one REST body (the fields the load tests send, with the service's defaults)."""
-    if task == "classify":
-        return ClassifyInput(texts=_texts(body["inputs"]))
-    if task == "qa":
-        return QAInput(questions=[body["question"]], contexts=[body["context"]])
-    if task == "ner":
-        return NERInput(texts=_texts(body["inputs"]))
-    return EmbedInput(texts=_texts(body["input"] if route == "/v1/embeddings" else body["inputs"]))
+class TaskCode:
+    """Features and results of one task through `bert_model.tasks`, with the windows the service derives from
+    the manifest (`task_settings`, fitted to the graph) and its defaults for the fields the load tests omit."""
+
+    def __init__(self, task: str, manifest: BundleManifest, tokenizer: BertTokenizer) -> None:
+        self.task, self.manifest, self.tokenizer = task, manifest, tokenizer
+        settings, capacity = manifest.task_settings, manifest.max_seq_length
+        stored = settings.get("max_seq_length")
+        self.qa = fit_qa_window(capacity, settings.get("max_query_length", 64), settings.get("doc_stride", 128), stored)
+        self.max_answer_length = int(settings.get("max_answer_length", 15))
+        self.ner = fit_ner_window(capacity, settings.get("stride", 32), stored)
+
+    def features(self, body: dict[str, Any], route: str) -> tuple[int, list[Feature]]:
+        """(inputs in the body, their features)."""
+        if self.task == "qa":
+            questions, contexts = [body["question"]], [body["context"]]
+            window = self.qa
+            return 1, list(
+                build_qa_features(
+                    self.tokenizer, questions, contexts, max_seq_length=window.max_seq_length,
+                    doc_stride=window.doc_stride, max_query_length=window.max_query_length,
+                )
+            )  # fmt: skip
+        if self.task == "ner":
+            texts = _texts(body["inputs"])
+            length, stride = self.ner
+            return len(texts), list(build_ner_features(self.tokenizer, texts, max_seq_length=length, stride=stride))
+        texts = _texts(body["input"] if route == "/v1/embeddings" else body["inputs"])
+        length = self.manifest.max_seq_length
+        return len(texts), list(build_classification_features(self.tokenizer, texts, max_seq_length=length))
+
+    def results(self, count: int, features: list[Feature], rows: list[dict[str, np.ndarray]]) -> list[Any]:
+        """One result per input, in order."""
+        if self.task == "classify":
+            found: dict[int, Any] = classification_postprocess(
+                features, [row["logits"] for row in rows], self.manifest.labels
+            )
+        elif self.task == "qa":
+            starts, ends = [row["start_logits"] for row in rows], [row["end_logits"] for row in rows]
+            found = qa_postprocess(features, starts, ends, max_answer_length=self.max_answer_length)  # type: ignore[arg-type]
+        elif self.task == "ner":
+            found = ner_postprocess(features, [row["logits"] for row in rows], self.manifest.labels)  # type: ignore[arg-type]
+        else:
+            settings = self.manifest.task_settings
+            vectors = embedding_postprocess(
+                features, [row["last_hidden_state"] for row in rows],
+                pooling=settings.get("pooling", "mean"), normalize=settings.get("normalize", True),
+            )  # fmt: skip
+            tokens = {feature.request_index: len(feature) for feature in features}
+            found = {index: {"embedding": vector, "tokens": tokens[index]} for index, vector in vectors.items()}
+        return [found.get(index, []) for index in range(count)]
 
 
 def shape_answer(task: str, route: str, body: dict[str, Any], results: list[Any]) -> Any:
@@ -120,48 +186,45 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _status(error: Exception) -> int:
-    if isinstance(error, InputTooLong):
-        return 413
-    return 422 if isinstance(error, ServiceError | KeyError | TypeError | ValueError) else 500
-
-
 class TaskModel:
     """One task: a batch of REST bodies -> features -> runner calls -> one (status, JSON) per body."""
 
-    def __init__(self, task: str, bundle: ServingBundle, max_rows: int) -> None:
+    def __init__(self, task: str, folder: Path, max_rows: int) -> None:
+        manifest = BundleManifest.read(folder)
+        tokenizer = BertTokenizer.from_pretrained(folder / TOKENIZER_DIR)
+        tokenizer.model_max_length = max(tokenizer.model_max_length, manifest.max_seq_length)
         self.task = task
-        self.pipeline: Pipeline = make_pipeline(bundle)
-        self.runner = Runner(bundle)
+        self.code = TaskCode(task, manifest, tokenizer)
+        self.runner = Runner(folder, manifest)
         self.max_rows = max_rows
-        self.pad_id = bundle.tokenizer.pad_id
+        self.pad_id = tokenizer.pad_id
+        self.sequence_outputs = set(SEQUENCE_OUTPUTS.get(task, ()))
 
     def answer(self, bodies: Sequence[bytes], routes: Sequence[str]) -> tuple[list[tuple[int, bytes]], float]:
         """(status, JSON answer) per body, and the milliseconds the batch's model calls took."""
-        parsed: list[tuple[Any, list[Feature]] | Exception] = []
+        parsed: list[tuple[dict[str, Any], int, list[Feature]] | Exception] = []
         for raw, route in zip(bodies, routes, strict=True):
             try:
-                request = task_input(self.task, route, json.loads(raw))
-                parsed.append((request, self.pipeline.features(request)))
+                body = json.loads(raw)
+                parsed.append((body, *self.code.features(body, route)))
             except Exception as error:  # one bad body answers its own error; the batch goes on
                 parsed.append(error)
-        features = [(i, k, f) for i, item in enumerate(parsed) if not isinstance(item, Exception) for k, f in
-                    enumerate(item[1])]  # fmt: skip
+        features = [(i, f) for i, item in enumerate(parsed) if not isinstance(item, Exception) for f in item[2]]
         started = time.perf_counter()
-        rows = self._run([feature for _, _, feature in features])
+        rows = self._run([feature for _, feature in features])
         inference_ms = (time.perf_counter() - started) * 1000
         outputs: dict[int, list[dict[str, np.ndarray]]] = {}
-        for (index, _, _), row in zip(features, rows, strict=True):
+        for (index, _), row in zip(features, rows, strict=True):
             outputs.setdefault(index, []).append(row)
         answers = []
-        for index, (item, route, raw) in enumerate(zip(parsed, routes, bodies, strict=True)):
+        for index, (item, route) in enumerate(zip(parsed, routes, strict=True)):
             if isinstance(item, Exception):
-                message = item.message if isinstance(item, ServiceError) else f"{type(item).__name__}: {item}"
-                answers.append((_status(item), json.dumps({"error": message}).encode()))
+                message = f"{type(item).__name__}: {item}"
+                answers.append((422, json.dumps({"error": message}).encode()))
                 continue
-            request, request_features = item
-            results = self.pipeline.postprocess(request, request_features, outputs.get(index, []))
-            answer = shape_answer(self.task, route, json.loads(raw), results)
+            body, count, request_features = item
+            results = self.code.results(count, request_features, outputs.get(index, []))
+            answer = shape_answer(self.task, route, body, results)
             answers.append((200, json.dumps(answer, default=_plain).encode()))
         return answers, inference_ms
 
@@ -170,7 +233,7 @@ class TaskModel:
         longest of each call; sequence outputs cut to the feature's own length."""
         rows: list[dict[str, np.ndarray]] = [{} for _ in features]
         order = sorted(range(len(features)), key=lambda i: len(features[i]))
-        sequence = set(self.pipeline.sequence_outputs)
+        sequence = self.sequence_outputs
         for start in range(0, len(order), self.max_rows):
             chunk = order[start : start + self.max_rows]
             outputs = self.runner.run(collate([features[i] for i in chunk], self.pad_id))
@@ -238,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     from pytriton.triton import Triton, TritonConfig
 
     args = parse_args(argv)
-    models = [TaskModel(task, open_bundle(Path(folder)), args.max_batch_size) for task, folder in args.models.items()]
+    models = [TaskModel(task, Path(folder), args.max_batch_size) for task, folder in args.models.items()]
     for model in models:  # the first calls compile kernels: not part of what the load test measures
         model.answer([json.dumps(_warmup_body(model.task)).encode()], ["/warmup"])
     # tritonserver's Python-backend stubs do not exit on SIGINT here; pytriton would wait 30 s before killing it

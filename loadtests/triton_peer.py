@@ -2,11 +2,11 @@
 
 Two parts, as one would deploy Triton behind an API: this process (FastAPI in the project's venv) starts
 `loadtests.triton_models` in the Triton venv (Triton itself and the bound Python functions that tokenize, run
-the bundle's default variant and post-process), waits for its READY line, then forwards every POST /classify,
-/qa, /ner, /embed and /v1/embeddings as one Triton inference request (tritonclient's asyncio gRPC client): the
-JSON body goes in as it came, the status and JSON answer come back as they are. `x-inference-time-ms` carries
-the bound function's model-call time of the batch the request was in. GET /health answers 200 once Triton
-serves. Stopping this process stops Triton. For comparison only: not part of the product.
+the bundle's default variant and post-process), waits until Triton reports every model ready, then forwards
+every POST /classify, /qa, /ner, /embed and /v1/embeddings as one Triton inference request (tritonclient's
+asyncio gRPC client): the JSON body goes in as it came, the status and JSON answer come back as they are.
+`x-inference-time-ms` carries the bound function's model-call time of the batch the request was in. GET /health
+answers 200 once Triton serves. Stopping this process stops Triton. For comparison only: not part of the product.
 
     python -m loadtests.triton_peer --port 8200 --model classify=artifacts/bundles/minilm-sst2 \
         [--triton-python .venv-triton/bin/python] [--max-batch-size 8] [--max-queue-delay-us 0]
@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -50,40 +50,47 @@ def _stop_with_parent() -> None:
 
 
 class TritonProcess:
-    """`loadtests.triton_models` in the Triton venv: started, awaited until READY, stopped with its group."""
+    """`loadtests.triton_models` in the Triton venv: started, polled until Triton says every model is ready,
+    stopped with its process group. Its output goes to ours (the runner's server log)."""
 
     def __init__(self, python: Path, models: dict[str, str], max_batch_size: int, delay_us: int) -> None:
         self.grpc_port = _free_port()
+        self.models = list(models)
         self.command = [str(python), "-m", "loadtests.triton_models", "--grpc-port", str(self.grpc_port)]
         self.command += ["--http-port", str(_free_port()), "--metrics-port", str(_free_port())]
         self.command += ["--max-batch-size", str(max_batch_size), "--max-queue-delay-us", str(delay_us)]
         for task, folder in models.items():
             self.command += ["--model", f"{task}={folder}"]
-        self.process: subprocess.Popen[str] | None = None
-        self.ready = threading.Event()
+        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         # Triton's Python-backend stub links the system libpython, found through LD_LIBRARY_PATH
         library = str(sysconfig.get_config_var("LIBDIR"))
         env = {**os.environ, "PYTHONPATH": str(REPO), "LD_LIBRARY_PATH": library}
         self.process = subprocess.Popen(
-            self.command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True, preexec_fn=_stop_with_parent,
-        )  # fmt: skip
-        threading.Thread(target=self._echo, daemon=True).start()
-        if not self.ready.wait(timeout_s) or self.process.poll() is not None:
-            self.stop()
-            raise RuntimeError(f"Triton did not become ready within {timeout_s:.0f} s (its log is above)")
+            self.command, cwd=REPO, env=env, start_new_session=True, preexec_fn=_stop_with_parent
+        )
+        deadline = time.monotonic() + timeout_s
+        while not self._ready():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Triton exited with status {self.process.returncode} before it was ready")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"Triton did not become ready within {timeout_s:.0f} s (its log is above)")
+            time.sleep(0.5)
 
-    def _echo(self) -> None:
-        """Copy Triton's output to ours (the runner's server log) and notice READY."""
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            if line.startswith("READY"):
-                self.ready.set()
-        self.ready.set()  # ended: start() sees the exit
+    def _ready(self) -> bool:
+        """Triton's own readiness: the server and every model (a polled gRPC call; False while it starts)."""
+        from tritonclient.grpc import InferenceServerClient
+        from tritonclient.utils import InferenceServerException
+
+        client = InferenceServerClient(f"127.0.0.1:{self.grpc_port}")
+        try:
+            return bool(client.is_server_ready()) and all(client.is_model_ready(model) for model in self.models)
+        except InferenceServerException:
+            return False
+        finally:
+            client.close()
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
