@@ -66,6 +66,9 @@ class BatchConfig:
     """Longest the oldest waiting feature waits for a batch to fill."""
     max_padding: float | None = None
     """Padding allowed in a batch, as a fraction of its real tokens (None = pad freely)."""
+    window: int | None = None
+    """A batch is cut from the `window` oldest features only (None = the whole queue): bounds how often a
+    feature of an unusual length can be passed over for neighbours in length that arrived after it."""
     max_queue: int = 512
     """Most features waiting (or, in passthrough, in flight); beyond it requests are rejected at once."""
     max_concurrency: int = 1
@@ -82,6 +85,8 @@ class BatchConfig:
             raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s}")
         if self.max_padding is not None and self.max_padding < 0:
             raise ValueError(f"max_padding must be >= 0, got {self.max_padding}")
+        if self.window is not None and self.window < self.max_batch_size:
+            raise ValueError(f"window must be at least max_batch_size ({self.max_batch_size}), got {self.window}")
 
 
 @dataclass
@@ -332,13 +337,16 @@ class Batcher:
         self._notify_depth()
 
     def _take_batch(self) -> list[_Item]:
-        """Cut a batch out of the length-sorted queue around the oldest feature.
+        """Cut a batch out of the length-sorted queue (or its `window` oldest features) around the oldest feature.
 
         The window grows towards the neighbour closer in length while the batch stays within the row limit, the
         token budget, and the optional padding limit (padded tokens <= (1 + max_padding) x real tokens).
         """
-        ordered = sorted(self._pending, key=lambda item: (item.length, item.arrival))
-        oldest = min(self._pending, key=lambda item: item.arrival)
+        candidates = self._pending
+        if self.config.window is not None and len(candidates) > self.config.window:
+            candidates = sorted(candidates, key=lambda item: item.arrival)[: self.config.window]
+        ordered = sorted(candidates, key=lambda item: (item.length, item.arrival))
+        oldest = min(candidates, key=lambda item: item.arrival)
         anchor = ordered.index(oldest)
         low, high = anchor, anchor  # inclusive window in `ordered`
         longest, real = oldest.length, oldest.length

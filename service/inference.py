@@ -196,6 +196,7 @@ class InferenceService:
             ),
             max_wait_s=settings.max_wait_ms / 1000 if settings.batching else 0.0,
             max_padding=settings.max_padding,
+            window=settings.batch_window or 2 * settings.effective_max_batch_size,
             max_queue=settings.max_queue,
             max_concurrency=settings.max_concurrent_batches,
             passthrough=backend.batches_itself,

@@ -73,6 +73,13 @@ class ServiceSettings(BaseSettings):
         ge=0,
         description="Padding allowed in a batch, as a fraction of its real tokens (unset = no limit).",
     )
+    batch_window: int | None = Field(
+        default=None,
+        ge=1,
+        description="Cut each batch from the oldest N waiting sequences only (unset = twice max_batch_size): bounds "
+        "how often a request is passed over for later ones closer in length (the p99), at a little more padding. At "
+        "least max_batch_size; max_queue or more = the whole queue.",
+    )
     max_queue: int = Field(default=512, ge=1, description="Features waiting per model; beyond it requests get 429.")
     max_concurrent_batches: int = Field(default=1, ge=1, description="Backend calls in flight per model.")
     request_timeout_s: float = Field(default=30.0, gt=0, description="Per-request deadline (504 / DEADLINE_EXCEEDED).")
@@ -165,6 +172,10 @@ class ServiceSettings(BaseSettings):
     def _check(self) -> ServiceSettings:
         if not self.models:
             raise ValueError("models is empty: name at least one bundle folder or bundle name")
+        if self.batch_window is not None and self.batch_window < self.effective_max_batch_size:
+            raise ValueError(
+                f"batch_window ({self.batch_window}) must be at least max_batch_size ({self.effective_max_batch_size})"
+            )
         return self
 
     @property

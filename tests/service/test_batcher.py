@@ -97,6 +97,37 @@ def test_token_budget_and_length_bucketing() -> None:
     assert all(width == 10 for rows, width in backend.calls if rows > 2)
 
 
+@pytest.mark.parametrize(("window", "first_batch"), [(None, (4, 10)), (4, (4, 50))])
+def test_batch_window_cuts_batches_from_the_oldest_features(window: int | None, first_batch: tuple[int, int]) -> None:
+    """Queued behind a running call: lengths 10, 50, then six more 10s. The whole queue gives a batch of four 10s
+    (the 50 waits); a window of the 4 oldest takes the 50 with its elders, padded to 50."""
+
+    async def go() -> list[tuple[int, int]]:
+        backend = FakeBackend(delay=0.05)
+        batcher = make(backend, max_batch_size=4, max_wait_s=0, window=window)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        blocker = asyncio.create_task(batcher.submit([feat(7, 99)], deadline))
+        await asyncio.sleep(0.01)  # the blocker's call is running: the rest queue up
+        lengths = [10, 50, 10, 10, 10, 10, 10, 10]
+        await asyncio.gather(blocker, *(batcher.submit([feat(n, i)], deadline) for i, n in enumerate(lengths)))
+        await batcher.close()
+        return backend.calls
+
+    calls = run(go())
+    assert calls[0] == (1, 7) and calls[1] == first_batch, calls
+    assert sum(rows for rows, _ in calls) == 9
+
+
+def test_batch_window_smaller_than_a_batch_is_refused() -> None:
+    with pytest.raises(ValueError, match="window must be at least max_batch_size"):
+        BatchConfig(max_batch_size=8, window=4)
+    from service.settings import ServiceSettings
+
+    with pytest.raises(ValueError, match=r"batch_window \(4\) must be at least max_batch_size \(8\)"):
+        ServiceSettings(batch_window=4)
+
+
 def test_full_queue_rejects_at_once() -> None:
     async def go() -> tuple[int, int, float]:
         backend = FakeBackend(delay=0.05)
