@@ -1,14 +1,14 @@
 """Dynamic batching: features of many requests (from both front doors) share one backend call.
 
-One `Batcher` per loaded model. A request hands in its features (token sequences: one per text, or one per
-window of a long QA context) and awaits one output row per feature. A batch closes when it holds
-`max_batch_size` features, when its padded size (rows x longest row) would pass `max_batch_tokens`, or when
-its oldest feature has waited `max_wait_s`. Batches are cut from the length-sorted queue around the oldest
-feature, so padding stays small and nobody starves. The queue is bounded: a request that does not fit is
-rejected at once (`Overloaded`). Requests whose deadline passed (or whose caller went away) are dropped
-before compute. A backend failure fails only the requests of its batch, and outputs are checked to have one
-row per input row. With `passthrough` (the backend batches itself, e.g. Triton's dynamic batcher) every
-request goes straight to the backend as its own call, with the same checks and bounds.
+One `Batcher` per loaded model. A request hands in its features (token sequences: one per text, or one per window
+of a long QA context) and awaits one output row per feature. A batch closes when it holds `max_batch_size`
+features, when its padded size (rows x longest row) would pass `max_batch_tokens`, or when its oldest feature has
+waited `max_wait_s`. Batches are cut around the oldest feature from the length-sorted queue (or its `window` oldest
+features), so padding stays small and nobody starves. The queue is bounded: a request that does not fit is rejected
+at once (`Overloaded`). Requests whose deadline passed (or whose caller went away) are dropped before compute. A
+backend failure fails only the requests of its batch, and outputs are checked to have one row per input row. With
+`passthrough` (the backend batches itself, e.g. Triton's dynamic batcher) every request goes straight to the
+backend as its own call, with the same checks and bounds.
 
 References: Triton dynamic batcher (max_queue_delay, preferred sizes), text-embeddings-inference's token
 budget batching (max_batch_tokens), Clipper (NSDI'17) adaptive batching.
