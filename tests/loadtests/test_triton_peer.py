@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from loadtests.targets import REPO, triton_venv_problem
-from tests.service.server import ServerProcess, free_port
+from tests.service.server import free_port, serving
 
 pytestmark = pytest.mark.integration
 
@@ -49,12 +49,8 @@ def bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def ours(bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = ServerProcess(list(bundles.values()), tmp_path_factory.mktemp("ours") / "server.log")
-    try:
-        server.wait_ready()
+    with serving(list(bundles.values()), tmp_path_factory.mktemp("ours") / "server.log") as server:
         yield server.url
-    finally:
-        server.terminate()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.server import ServerProcess
+from tests.service.server import ServerProcess, serving
 from tests.service.tiny_bundles import build_all, build_encoders
 
 
@@ -29,9 +29,5 @@ def encoder_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
 def server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A real `bertserve serve` (REST + gRPC) over the three tiny bundles, on free ports."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    process = ServerProcess(list(tiny_bundles.values()), log)
-    try:
-        process.wait_ready()
+    with serving(list(tiny_bundles.values()), log) as process:
         yield process
-    finally:
-        process.terminate()

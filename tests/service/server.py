@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -96,3 +98,23 @@ class ServerProcess:
                 self.process.wait()
         self._log.close()
         return int(self.process.returncode)
+
+
+@contextmanager
+def serving(
+    models: list[Path] | list[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    *args: str,
+    ready_timeout: float = 90.0,
+    clean_exit: bool = False,
+) -> Iterator[ServerProcess]:
+    """A `ServerProcess` ready inside the block and terminated after it; with `clean_exit`, its exit status after
+    SIGTERM must be 0."""
+    process = ServerProcess(models, log_path, env, *args)
+    try:
+        process.wait_ready(ready_timeout)
+        yield process
+    finally:
+        code = process.terminate()
+    assert not clean_exit or code == 0, f"the server exited with {code}:\n{process.logs()}"

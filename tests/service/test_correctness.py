@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.server import REPO, ServerProcess
+from tests.service.server import REPO, ServerProcess, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -47,12 +47,10 @@ def defaults_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     if not names:
         pytest.skip("no default model has a bundle yet: run `make default-models` and `make bundles`")
     log = tmp_path_factory.mktemp("defaults") / "server.log"
-    server = ServerProcess([BUNDLES / name for name in names], log, {"BERTSERVE_VARIANT": "cpu-fp32"})
-    try:
-        server.wait_ready(300)
+    with serving(
+        [BUNDLES / name for name in names], log, {"BERTSERVE_VARIANT": "cpu-fp32"}, ready_timeout=300
+    ) as server:
         yield server
-    finally:
-        server.terminate()
 
 
 def _evaluate(model: str, data: Path, out: Path) -> None:

@@ -17,7 +17,7 @@ from bert_model.tasks.embeddings import l2_normalize, pool
 from bert_model.tokenization import BertTokenizer
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
-from tests.service.server import ServerProcess
+from tests.service.server import ServerProcess, serving
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +32,8 @@ def server(
     """A real server with the embed and fill-mask bundles, and a classifier (a model of another task)."""
     log = tmp_path_factory.mktemp("encoder-server") / "server.log"
     models = [encoder_bundles["embed"], encoder_bundles["fill-mask"], tiny_bundles["classify"]]
-    process = ServerProcess(models, log, {"BERTSERVE_MAX_INPUTS_PER_REQUEST": "8"})
-    try:
-        process.wait_ready()
+    with serving(models, log, {"BERTSERVE_MAX_INPUTS_PER_REQUEST": "8"}) as process:
         yield process
-    finally:
-        process.terminate()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.server import ServerProcess
+from tests.service.server import ServerProcess, serving
 
 pytestmark = pytest.mark.integration
 
@@ -26,12 +26,9 @@ def small_queue_server(
     tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     env = {"BERTSERVE_MAX_QUEUE": str(QUEUE), "BERTSERVE_REQUEST_TIMEOUT_S": "10"}
-    server = ServerProcess([tiny_bundles["classify"]], tmp_path_factory.mktemp("overload") / "server.log", env)
-    try:
-        server.wait_ready()
+    log = tmp_path_factory.mktemp("overload") / "server.log"
+    with serving([tiny_bundles["classify"]], log, env, clean_exit=True) as server:
         yield server
-    finally:
-        assert server.terminate() == 0
 
 
 async def _blast(url: str, clients: int, duration: float, per_request: int) -> dict[int, list[float]]:
@@ -122,12 +119,9 @@ def test_memory_is_flat_over_a_soak(small_queue_server: ServerProcess) -> None:
 @pytest.fixture(scope="module")
 def batching_server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     env = {"BERTSERVE_MAX_WAIT_MS": "50"}  # so that 64 requests sent at once meet in the queue even on a busy CPU
-    server = ServerProcess([tiny_bundles["classify"]], tmp_path_factory.mktemp("batching") / "server.log", env)
-    try:
-        server.wait_ready()
+    log = tmp_path_factory.mktemp("batching") / "server.log"
+    with serving([tiny_bundles["classify"]], log, env, clean_exit=True) as server:
         yield server
-    finally:
-        assert server.terminate() == 0
 
 
 def _backend_calls(url: str) -> float:

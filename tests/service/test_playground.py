@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 
 from service.http_api.app import create_app
 from service.settings import DEFAULT_BUNDLES_DIR, ServiceSettings
-from tests.service.server import REPO, ServerProcess
+from tests.service.server import REPO, ServerProcess, serving
 
 SCREENSHOTS = os.environ.get("PLAYGROUND_SCREENSHOTS")
 DEFAULT_MODELS = ("minilm-sst2", "minilm-squad", "minilm-conll03", "minilm")
@@ -143,12 +143,8 @@ def server(
     tiny_bundles: dict[str, Path], encoder_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("playground-server") / "server.log"
-    process = ServerProcess(_models(tiny_bundles, encoder_bundles), log)
-    try:
-        process.wait_ready(timeout=180)
+    with serving(_models(tiny_bundles, encoder_bundles), log, ready_timeout=180) as process:
         yield process
-    finally:
-        process.terminate()
 
 
 @pytest.fixture(scope="module")
@@ -370,12 +366,8 @@ def test_long_and_many_inputs_scroll_inside_their_boxes(page: Any) -> None:
 @pytest.fixture(scope="module")
 def keyed_server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("playground-keyed") / "server.log"
-    process = ServerProcess([tiny_bundles["classify"]], log, {"BERTSERVE_API_KEY": API_KEY})
-    try:
-        process.wait_ready()
+    with serving([tiny_bundles["classify"]], log, {"BERTSERVE_API_KEY": API_KEY}) as process:
         yield process
-    finally:
-        process.terminate()
 
 
 @pytest.mark.integration

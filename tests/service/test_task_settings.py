@@ -22,7 +22,7 @@ from bert_model.tasks.qa import qa_predictions
 from bert_model.tasks.spec import MANIFEST_FILE, BundleManifest
 from service.bundles import open_bundle
 from service.pipelines import NERInput, NERPipeline, QAInput, QAPipeline, make_pipeline
-from tests.service.server import ServerProcess
+from tests.service.server import ServerProcess, serving
 
 CAPACITY = 128  # the tiny graphs' max_position_embeddings
 TRAINED = {"max_seq_length": 48, "doc_stride": 16, "max_query_length": 12, "max_answer_length": 10}
@@ -140,12 +140,8 @@ def test_answer_length_and_no_answer_threshold_come_from_the_settings(
 
 @pytest.fixture
 def trained_server(qa_bundles: dict[str, Path], tmp_path: Path) -> Iterator[ServerProcess]:
-    process = ServerProcess([qa_bundles["trained"]], tmp_path / "server.log")
-    try:
-        process.wait_ready()
+    with serving([qa_bundles["trained"]], tmp_path / "server.log") as process:
         yield process
-    finally:
-        process.terminate()
 
 
 @pytest.mark.integration

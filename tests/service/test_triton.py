@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.server import REPO, ServerProcess, free_port
+from tests.service.server import REPO, ServerProcess, free_port, serving
 from tests.service.test_http_api import LONG_CONTEXT
 
 pytestmark = pytest.mark.integration
@@ -69,14 +69,9 @@ def servers(
     triton_server: str, server: ServerProcess, tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     log = tmp_path_factory.mktemp("api-triton") / "server.log"
-    via_triton = ServerProcess(
-        list(tiny_bundles.values()), log, {"BERTSERVE_TRITON_URL": triton_server}, "--backend", "triton"
-    )
-    try:
-        via_triton.wait_ready()
+    env = {"BERTSERVE_TRITON_URL": triton_server}
+    with serving(list(tiny_bundles.values()), log, env, "--backend", "triton", clean_exit=True) as via_triton:
         yield via_triton, server
-    finally:
-        assert via_triton.terminate() == 0
 
 
 def test_tritonclient_talks_to_the_same_models(triton_server: str) -> None:
