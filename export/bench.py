@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from bert_model.config import BertConfig
+from export import matmul_probe
 
 SHAPES: tuple[tuple[int, int], ...] = ((1, 128), (16, 128), (1, 384))
 IDLE_PAUSE_S = 0.02
@@ -252,6 +253,20 @@ def machine_line(peak: CpuPeak) -> str:
     )
 
 
+def probe_sentence(probes: list[dict[str, Any]]) -> str:
+    """The matrix-unit probes of a run in one sentence (`export.matmul_probe`), or "" without probes."""
+    if not probes:
+        return ""
+    ratios = [float(p["bf16_over_fp32"]) for p in probes]
+    bf16 = [float(p["bf16_gflops"]) for p in probes]
+    fp32 = [float(p["fp32_gflops"]) for p in probes]
+    return (
+        f" Matrix-unit probe ({len(probes)} times during the run, {matmul_probe.SHAPE[0]}×{matmul_probe.SHAPE[1]} @ "
+        f"{matmul_probe.SHAPE[1]}×{matmul_probe.SHAPE[2]} matmul): fp32 {min(fp32):.0f}–{max(fp32):.0f} GFLOP/s, "
+        f"bf16 {min(bf16):.0f}–{max(bf16):.0f} GFLOP/s, bf16 / fp32 {min(ratios):.1f}–{max(ratios):.1f}×."
+    )
+
+
 def write_report(rows: list[Row], peak: CpuPeak, meta: dict, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "bench-model.json"
@@ -259,7 +274,7 @@ def write_report(rows: list[Row], peak: CpuPeak, meta: dict, out_dir: Path) -> t
     json_path.write_text(json.dumps({"meta": meta, "cpu": asdict(peak), "rows": [asdict(r) for r in rows]}, indent=2))
     foreign = meta.get("foreign_cpu_fraction")
     load = f" Other processes used {100 * foreign:.0f}% of the CPU during the run." if foreign is not None else ""
-    header = f"Model: {meta.get('model')}.{load} {machine_line(peak)}\n\n"
+    header = f"Model: {meta.get('model')}.{load} {machine_line(peak)}{probe_sentence(meta.get('matmul_probe', []))}\n\n"
     md_path.write_text(header + markdown_table(rows))
     return json_path, md_path
 
@@ -385,14 +400,23 @@ def run_benchmark(
     peak = cpu_peak(cores=threads)
     log(machine_line(peak))
     rows: list[Row] = []
+    probes: list[dict[str, object]] = []
+
+    def probe_matrix_units(when: str) -> None:
+        rates = matmul_probe.probe(threads=threads)
+        probes.append({"when": when, **asdict(rates), "bf16_over_fp32": rates.bf16_over_fp32})
+        log(f"matrix units {when}: {rates.describe()}")
+
     with ForeignLoad() as foreign:
         for batch, seq_len in shapes:
+            probe_matrix_units(f"before {batch} × {seq_len}")
             feed = bench_feed(bundle_dir / TOKENIZER_DIR, batch, seq_len, data_dir)
             shape_rounds = max(3, rounds // 3) if batch * seq_len >= 2048 else rounds
             medians = measure(runners, feed, shape_rounds)
             shape_rows = rows_for_shape(medians, runners, config, batch, seq_len, peak)
             log(markdown_table(shape_rows))
             rows.extend(shape_rows)
+        probe_matrix_units("at the end")
     if foreign.fraction is not None and foreign.fraction > 0.05:
         log(f"warning: other processes used {100 * foreign.fraction:.0f}% of the CPU meanwhile: figures are not valid")
     meta = {
@@ -404,6 +428,7 @@ def run_benchmark(
         "method": "one process, interleaved rounds; per turn: 20 ms idle, 1 untimed + 3 timed calls; median",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "foreign_cpu_fraction": foreign.fraction,
+        "matmul_probe": probes,
     }
     write_report(rows, peak, meta, out_dir)
     return rows

@@ -110,6 +110,12 @@ def test_bench_model_on_a_bundle(cli: tuple, tiny_bundle: Path, tmp_path: Path) 
     baseline = [r for r in report["rows"] if r["runner"] == "PyTorch fp32 (ours)"]
     assert all(r["speedup"] == 1.0 for r in baseline)
     assert "| PyTorch fp32 (ours) | 1 × 128 |" in (tmp_path / "bench-model.md").read_text()
+    probes = report["meta"]["matmul_probe"]
+    assert [p["when"] for p in probes] == ["before 1 × 128", "before 16 × 128", "before 1 × 384", "at the end"]
+    for p in probes:
+        assert p["fp32_gflops"] > 0 and p["bf16_gflops"] > 0
+        assert p["bf16_over_fp32"] == pytest.approx(p["bf16_gflops"] / p["fp32_gflops"])
+    assert "Matrix-unit probe (4 times during the run" in (tmp_path / "bench-model.md").read_text()
 
 
 def test_forward_flops_matches_a_hand_count() -> None:
@@ -148,6 +154,18 @@ def test_cpu_peak_of_an_epyc_zen4_uses_its_256_bit_datapaths() -> None:
     assert peak.peak("fp32") == 2 * 2.75e9 * 32
     assert peak.cpu["microarchitecture"] == "Zen 4" and "amx_int8" not in peak.flags
     assert "AVX-512 VNNI (no AMX)" in machine_line(peak)
+
+
+def test_probe_sentence_gives_the_spread_of_the_matrix_unit_rates() -> None:
+    from export.bench import probe_sentence
+
+    probes = [
+        {"when": "before 1 × 128", "fp32_gflops": 233.0, "bf16_gflops": 1110.0, "bf16_over_fp32": 1110 / 233},
+        {"when": "at the end", "fp32_gflops": 240.0, "bf16_gflops": 880.0, "bf16_over_fp32": 880 / 240},
+    ]
+    sentence = probe_sentence(probes)
+    assert "fp32 233–240 GFLOP/s, bf16 880–1110 GFLOP/s, bf16 / fp32 3.7–4.8×" in sentence
+    assert probe_sentence([]) == ""
 
 
 def test_bench_report_names_the_machine(tmp_path: Path) -> None:
