@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 SHAPE = (2048, 384, 1536)
 """rows × inner × columns of the probed matmul."""
@@ -57,13 +61,13 @@ def probe(seconds: float = 0.5, threads: int | None = None) -> MatmulRates:
         torch.set_num_threads(previous)
 
 
-def _rate(a: object, b: object, flop: float, seconds: float) -> float:
+def _rate(a: torch.Tensor, b: torch.Tensor, flop: float, seconds: float) -> float:
     import torch
 
     calls, start = 0, time.perf_counter()
     with torch.inference_mode():
         while True:
-            torch.matmul(a, b)  # type: ignore[call-overload]
+            torch.matmul(a, b)
             calls += 1
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:

@@ -6,7 +6,7 @@ Runs in the Triton venv (`make triton-venv`: nvidia-pytriton bundles Triton 2.51
 repository on PYTHONPATH; `loadtests/triton_peer.py` starts it and puts the REST paths in front of it:
 
     .venv-triton/bin/python -m loadtests.triton_models --model classify=BUNDLE [--model qa=BUNDLE ...] \
-        --grpc-port P --http-port P --metrics-port P [--max-batch-size 8] [--max-queue-delay-us 0]
+        --grpc-port P --http-port P --metrics-port P [--max-batch-size 8] [--max-queue-delay-us 0] [--instances 2]
 
 Each task is one Triton model (named after the task), bound through pytriton: inputs `request` (BYTES: the
 JSON body the REST route received) and `route` (BYTES: the REST path), outputs `status` (INT32: the HTTP
@@ -18,7 +18,9 @@ service only over the wire, so nothing of `service` is imported, and tests/loadt
 that the answers equal a running service's), sorts the features of the whole batch by length and runs them in
 calls of at most `--max-batch-size` rows padded to the longest, on the variant the service would choose (the
 bundle's default CPU variant: OpenVINO when it imports, else ONNX Runtime), compiled with the service's
-settings. Prints READY once every model is bound and Triton serves.
+settings. `--instances N` binds N functions per model (Triton's instance_group count: N batches at once) over one
+OpenVINO graph compiled with N streams, as the service computes N batches at once on N streams by default.
+Prints READY once every model is bound and Triton serves.
 Reference: https://triton-inference-server.github.io/pytriton/ (binding, @batch, DynamicBatcher).
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -69,9 +72,11 @@ def _openvino_imports() -> bool:
 
 
 class Runner:
-    """The bundle's default CPU variant, compiled with the service's settings; numpy in, numpy out."""
+    """The bundle's default CPU variant, compiled with the service's settings; numpy in, numpy out. OpenVINO:
+    `streams` > 1 compiles for that many batches at once (THROUGHPUT, as the service's --openvino-streams), and each
+    calling thread (a Triton model instance) gets its own infer request."""
 
-    def __init__(self, folder: Path, manifest: BundleManifest) -> None:
+    def __init__(self, folder: Path, manifest: BundleManifest, streams: int = 1) -> None:
         self.variant = default_cpu_variant(manifest)
         spec = manifest.variants[self.variant]
         self.output_names = list(manifest.output_names)
@@ -79,10 +84,14 @@ class Runner:
         if spec.provider == OPENVINO:
             import openvino as ov
 
-            compiled = ov.Core().compile_model(path, "CPU", {"PERFORMANCE_HINT": "LATENCY", **spec.runtime_options})
+            config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", **spec.runtime_options}
+            if streams > 1:
+                config.update(PERFORMANCE_HINT="THROUGHPUT", NUM_STREAMS=str(streams))
+            compiled = ov.Core().compile_model(path, "CPU", config)
             names = {node.get_any_name() for node in compiled.inputs}
             ports = {name: port for port in compiled.outputs for name in port.get_names()}
-            self._request = compiled.create_infer_request()
+            self._compiled = compiled
+            self._local = threading.local()
             self._ports = {name: ports[name] for name in self.output_names}
             self.run = self._run_openvino
         else:
@@ -96,7 +105,10 @@ class Runner:
         self.input_names = [name for name in INPUT_NAMES if name in names]
 
     def _run_openvino(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        result = self._request.infer({name: arrays[name] for name in self.input_names})
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self._compiled.create_infer_request()
+        result = request.infer({name: arrays[name] for name in self.input_names})
         return {name: np.array(result[port]) for name, port in self._ports.items()}
 
     def _run_onnxruntime(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -189,13 +201,13 @@ def _plain(value: Any) -> Any:
 class TaskModel:
     """One task: a batch of REST bodies -> features -> runner calls -> one (status, JSON) per body."""
 
-    def __init__(self, task: str, folder: Path, max_rows: int) -> None:
+    def __init__(self, task: str, folder: Path, max_rows: int, streams: int = 1) -> None:
         manifest = BundleManifest.read(folder)
         tokenizer = BertTokenizer.from_pretrained(folder / TOKENIZER_DIR)
         tokenizer.model_max_length = max(tokenizer.model_max_length, manifest.max_seq_length)
         self.task = task
         self.code = TaskCode(task, manifest, tokenizer)
-        self.runner = Runner(folder, manifest)
+        self.runner = Runner(folder, manifest, streams)
         self.max_rows = max_rows
         self.pad_id = tokenizer.pad_id
         self.sequence_outputs = set(SEQUENCE_OUTPUTS.get(task, ()))
@@ -259,12 +271,13 @@ def make_infer(model: TaskModel) -> Callable[..., dict[str, np.ndarray]]:
     return infer
 
 
-def bind(triton: Any, model: TaskModel, max_batch_size: int, delay_us: int) -> None:
+def bind(triton: Any, model: TaskModel, max_batch_size: int, delay_us: int, instances: int = 1) -> None:
+    """One Triton model per task; `instances` bound functions = Triton's instance_group count (batches at once)."""
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 
     triton.bind(
         model_name=model.task,
-        infer_func=make_infer(model),
+        infer_func=[make_infer(model) for _ in range(instances)],
         inputs=[Tensor(name="request", dtype=np.bytes_, shape=(1,)), Tensor(name="route", dtype=np.bytes_, shape=(1,))],
         outputs=[
             Tensor(name="status", dtype=np.int32, shape=(1,)),
@@ -286,12 +299,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--metrics-port", type=int, required=True)
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests per call of the bound function")
     parser.add_argument("--max-queue-delay-us", type=int, default=0, help="Triton's dynamic batcher delay")
+    parser.add_argument(
+        "--instances", type=int, default=2, help="model instances (batches at once; the service's --openvino-streams)"
+    )
     args = parser.parse_args(argv)
     models = dict(item.split("=", 1) for item in args.model if "=" in item)
     if not models or len(models) != len(args.model) or set(models) - set(TASKS):
         parser.error(f"give --model TASK=BUNDLE with TASK in {list(TASKS)} (got {args.model})")
-    if args.max_batch_size < 1 or args.max_queue_delay_us < 0:
-        parser.error("--max-batch-size must be >= 1 and --max-queue-delay-us >= 0")
+    if args.max_batch_size < 1 or args.max_queue_delay_us < 0 or args.instances < 1:
+        parser.error("--max-batch-size and --instances must be >= 1 and --max-queue-delay-us >= 0")
     args.models = models
     return args
 
@@ -301,7 +317,9 @@ def main(argv: list[str] | None = None) -> None:
     from pytriton.triton import Triton, TritonConfig
 
     args = parse_args(argv)
-    models = [TaskModel(task, Path(folder), args.max_batch_size) for task, folder in args.models.items()]
+    models = [
+        TaskModel(task, Path(folder), args.max_batch_size, args.instances) for task, folder in args.models.items()
+    ]
     for model in models:  # the first calls compile kernels: not part of what the load test measures
         model.answer([json.dumps(_warmup_body(model.task)).encode()], ["/warmup"])
     # tritonserver's Python-backend stubs do not exit on SIGINT here; pytriton would wait 30 s before killing it
@@ -316,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     with Triton(config=config) as triton:
         for model in models:
-            bind(triton, model, args.max_batch_size, args.max_queue_delay_us)
+            bind(triton, model, args.max_batch_size, args.max_queue_delay_us, args.instances)
         triton.run()
         variants = ", ".join(f"{model.task}: {model.runner.variant}" for model in models)
         print(f"READY ({variants})", flush=True)

@@ -53,12 +53,15 @@ class TritonProcess:
     """`loadtests.triton_models` in the Triton venv: started, polled until Triton says every model is ready,
     stopped with its process group. Its output goes to ours (the runner's server log)."""
 
-    def __init__(self, python: Path, models: dict[str, str], max_batch_size: int, delay_us: int) -> None:
+    def __init__(
+        self, python: Path, models: dict[str, str], max_batch_size: int, delay_us: int, instances: int = 2
+    ) -> None:
         self.grpc_port = _free_port()
         self.models = list(models)
         self.command = [str(python), "-m", "loadtests.triton_models", "--grpc-port", str(self.grpc_port)]
         self.command += ["--http-port", str(_free_port()), "--metrics-port", str(_free_port())]
         self.command += ["--max-batch-size", str(max_batch_size), "--max-queue-delay-us", str(delay_us)]
+        self.command += ["--instances", str(instances)]
         for task, folder in models.items():
             self.command += ["--model", f"{task}={folder}"]
         self.process: subprocess.Popen[bytes] | None = None
@@ -153,6 +156,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--triton-python", type=Path, default=TRITON_PYTHON)
     parser.add_argument("--max-batch-size", type=int, default=8, help="requests per call of the bound function")
     parser.add_argument("--max-queue-delay-us", type=int, default=0, help="Triton's dynamic batcher delay")
+    parser.add_argument(
+        "--instances", type=int, default=2, help="Triton model instances (the service's --openvino-streams default)"
+    )
     args = parser.parse_args(argv)
     models = dict(item.split("=", 1) for item in args.model if "=" in item)
     if not models or len(models) != len(args.model) or set(models) - set(ROUTES.values()):
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(problem)
     import uvicorn
 
-    triton = TritonProcess(args.triton_python, models, args.max_batch_size, args.max_queue_delay_us)
+    triton = TritonProcess(args.triton_python, models, args.max_batch_size, args.max_queue_delay_us, args.instances)
     # uvicorn re-raises SIGTERM / SIGINT after its shutdown: exit through `finally` so that Triton stops too
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: sys.exit(0))

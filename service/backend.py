@@ -22,11 +22,19 @@ class Backend(Protocol):
     batches_itself: bool
     """True when the backend does its own dynamic batching (our batcher then passes requests through)."""
 
+    @property
+    def concurrency(self) -> int:
+        """Batches it computes at once (OpenVINO streams); the batcher's default for calls in flight."""
+
     async def start(self) -> None:
         """Open sessions / connections; raise BackendUnavailable if it cannot serve."""
 
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch: inputs are INPUT_NAMES int64 (B, S) arrays; outputs the task's OUTPUT_NAMES."""
+
+    async def infer_alone(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run a batch that nothing else competes with (the batcher has no other batch running or waiting): a
+        backend with a latency path for it uses that (OpenVINO streams: a copy on all cores), others run `infer`."""
 
     async def close(self) -> None:
         """Release sessions / connections."""

@@ -140,12 +140,16 @@ class Batcher:
         output_names: Sequence[str],
         sequence_outputs: Sequence[str] = (),
         observer: BatchObserver | None = None,
+        run_alone: RunBatch | None = None,
     ) -> None:
+        """`run_alone` (optional) runs a batch that nothing else competes with: no other batch running, nothing
+        left waiting when it was cut (a backend may give it all its cores); `run_batch` runs every other one."""
         self.model = model
         self.config = config
         self.output_names = tuple(output_names)
         self.sequence_outputs = frozenset(sequence_outputs)
         self._run_batch = run_batch
+        self._run_alone = run_alone
         self._observer = observer
         self._pending: list[_Item] = []
         self._arrivals = 0
@@ -157,6 +161,8 @@ class Batcher:
         self._closed = False
         self.backend_calls = 0
         """Backend calls made so far (the batching proof counts these)."""
+        self.alone_calls = 0
+        """Of those, the ones that went to `run_alone`."""
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -289,7 +295,8 @@ class Batcher:
             if not batch:
                 self._slots.release()
                 continue
-            task = asyncio.create_task(self._execute(batch))
+            alone = self._run_alone is not None and not self._batch_tasks and not self._pending
+            task = asyncio.create_task(self._execute(batch, alone))
             self._batch_tasks.add(task)
             task.add_done_callback(self._batch_finished)
 
@@ -391,7 +398,7 @@ class Batcher:
         return self.config.max_padding is None or padded <= (1 + self.config.max_padding) * real
 
     # ---- running a batch --------------------------------------------------------------------------
-    async def _execute(self, batch: list[_Item]) -> None:
+    async def _execute(self, batch: list[_Item], alone: bool = False) -> None:
         batch = [item for item in batch if not item.request.dead]
         if not batch:
             return
@@ -404,8 +411,12 @@ class Batcher:
                     self._observer.queued(self.model, start - request.submitted)
         arrays = self._pad(batch)
         self.backend_calls += 1
+        run = self._run_batch
+        if alone and self._run_alone is not None:
+            run = self._run_alone
+            self.alone_calls += 1
         try:
-            outputs = await self._run_batch(arrays)
+            outputs = await run(arrays)
             self._check_outputs(outputs, arrays)
         except ServiceError as error:
             self._fail(batch, error)

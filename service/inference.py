@@ -198,7 +198,7 @@ class InferenceService:
             max_padding=settings.max_padding,
             window=settings.batch_window or 2 * settings.effective_max_batch_size,
             max_queue=settings.max_queue,
-            max_concurrency=settings.max_concurrent_batches,
+            max_concurrency=settings.max_concurrent_batches or backend.concurrency,
             passthrough=backend.batches_itself,
             pad_id=bundle.tokenizer.pad_id,
         )
@@ -209,6 +209,7 @@ class InferenceService:
             output_names=bundle.manifest.output_names,
             sequence_outputs=pipeline.sequence_outputs,
             observer=self.metrics,
+            run_alone=backend.infer_alone,
         )
         await batcher.start()
         return LoadedModel(bundle=bundle, pipeline=pipeline, backend=backend, batcher=batcher)
@@ -258,6 +259,7 @@ class InferenceService:
             "workers": settings.inference_threads,
             "spinning": settings.ort_spinning,
             "openvino_streams": settings.openvino_streams,
+            "openvino_lone_latency": settings.openvino_lone_latency,
         }
 
     async def _warm_up(self, model: LoadedModel) -> None:

@@ -161,9 +161,10 @@ class OrtBackend:
         variant: str | None = None,
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
-        workers: int = 1,
+        workers: int | None = None,
         spinning: bool = False,
         openvino_streams: int = 1,
+        openvino_lone_latency: bool = True,
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
         self.manifest = manifest
@@ -172,14 +173,28 @@ class OrtBackend:
         self._intra = intra_op_threads
         self._inter = inter_op_threads
         self._spinning = spinning
-        self._streams = openvino_streams
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ort-{manifest.name}")
+        self.kind = "openvino" if self.provider == OPENVINO else "ort"
+        self._streams = openvino_streams if self.kind == "openvino" else 1
+        self._lone_latency = openvino_lone_latency and self._streams > 1
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers or self.concurrency, thread_name_prefix=f"ort-{manifest.name}"
+        )
         self._session: ort.InferenceSession | None = None
         self._compiled: Any = None  # an OpenVINO CompiledModel for OpenVINO variants
+        self._compiled_lone: Any = None  # the same graph compiled for latency, for batches that run alone
         self._local = threading.local()
         self._output_ports: dict[str, Any] = {}
-        self.kind = "openvino" if self.provider == OPENVINO else "ort"
+        self._lone_output_ports: dict[str, Any] = {}
         self._input_names: list[str] = []
+        self._calls = 0  # backend calls in flight (counted on the event loop)
+        self._lone_done: asyncio.Event | None = None  # set when the running lone call ends
+        self.lone_calls = 0
+        """Calls that ran alone on the latency copy."""
+
+    @property
+    def concurrency(self) -> int:
+        """Batches this backend computes at once: an OpenVINO variant's streams, else 1."""
+        return self._streams
 
     def _load(self) -> None:
         if self.provider == OPENVINO:
@@ -191,13 +206,18 @@ class OrtBackend:
         import openvino as ov
 
         spec = self.manifest.variants[self.variant]
-        config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
-        if self._streams > 1:  # several batches at once, each on its share of the cores
-            config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": str(self._streams)}
+        latency: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
         if self._intra:
-            config["INFERENCE_NUM_THREADS"] = self._intra
-        config.update(spec.runtime_options)
-        compiled = ov.Core().compile_model(str(self.bundle_dir / spec.file), "CPU", config)
+            latency["INFERENCE_NUM_THREADS"] = self._intra
+        latency.update(spec.runtime_options)
+        config = latency
+        if self._streams > 1:  # several batches at once, each on its share of the cores
+            config = {**latency, "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": str(self._streams)}
+        core = ov.Core()
+        model = core.read_model(str(self.bundle_dir / spec.file))
+        compiled = core.compile_model(model, "CPU", config)
+        if self._lone_latency:
+            self._compiled_lone = core.compile_model(model, "CPU", latency)
         inputs = {node.get_any_name() for node in compiled.inputs}
         self._input_names = [name for name in INPUT_NAMES if name in inputs]
         # an output tensor may carry several names; find each contract name among them
@@ -207,13 +227,20 @@ class OrtBackend:
             raise ValueError(f"{spec.file} lacks the outputs {absent} of a {self.manifest.task} bundle")
         self._output_ports = {name: ports[name] for name in self.output_names}
         self._compiled = compiled
+        if self._compiled_lone is not None:
+            lone_ports = {name: port for port in self._compiled_lone.outputs for name in port.get_names()}
+            self._lone_output_ports = {name: lone_ports[name] for name in self.output_names}
 
-    def _run_openvino(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        request = getattr(self._local, "request", None)
-        if request is None:  # one infer request per worker thread
-            request = self._local.request = self._compiled.create_infer_request()
+    def _run_openvino(self, feed: dict[str, np.ndarray], lone: bool) -> dict[str, np.ndarray]:
+        name = "lone_request" if lone else "request"
+        request = getattr(self._local, name, None)
+        if request is None:  # one infer request per worker thread (and copy)
+            compiled = self._compiled_lone if lone else self._compiled
+            request = compiled.create_infer_request()
+            setattr(self._local, name, request)
         result = request.infer(feed)
-        return {name: np.array(result[port]) for name, port in self._output_ports.items()}
+        ports = self._lone_output_ports if lone else self._output_ports
+        return {name: np.array(result[port]) for name, port in ports.items()}
 
     def _create_session(self) -> ort.InferenceSession:
         options = ort.SessionOptions()
@@ -243,10 +270,10 @@ class OrtBackend:
         await loop.run_in_executor(self._executor, self._load)
         log.info("loaded %s variant %s on %s", self.manifest.name, self.variant, self.provider)
 
-    def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run(self, inputs: dict[str, np.ndarray], lone: bool = False) -> dict[str, np.ndarray]:
         feed = {name: np.ascontiguousarray(inputs[name], dtype=np.int64) for name in self._input_names}
         if self._compiled is not None:
-            return self._run_openvino(feed)
+            return self._run_openvino(feed, lone and self._compiled_lone is not None)
         session = self._session
         if session is None:
             raise BackendUnavailable(f"model {self.manifest.name!r} is not loaded")
@@ -274,21 +301,47 @@ class OrtBackend:
 
     def _timed_run(self, inputs: dict[str, np.ndarray]) -> float:
         start = time.perf_counter()
-        self._run(inputs)
+        self._run(inputs, lone=True)  # a timing call runs alone
         return time.perf_counter() - start
 
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one batch (on a stream of the compiled graph; after the running lone call, if one runs)."""
+        return await self._infer(inputs, alone=False)
+
+    async def infer_alone(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run a batch that nothing else competes with: on the latency copy (all cores) when there is one and no
+        call is in flight, else as `infer`."""
+        return await self._infer(inputs, alone=True)
+
+    async def _infer(self, inputs: dict[str, np.ndarray], alone: bool) -> dict[str, np.ndarray]:
+        # Calls that start while a lone call runs wait for it, so the copy's threads and a stream's never share
+        # the cores; `_calls` and `_lone_done` are only touched on the event loop.
         loop = asyncio.get_running_loop()
+        lone = alone and self._compiled_lone is not None and self._calls == 0
+        self._calls += 1
+        done = None
         try:
-            return await loop.run_in_executor(self._executor, self._run, inputs)
+            if lone:
+                done = self._lone_done = asyncio.Event()
+                self.lone_calls += 1
+            else:
+                while self._lone_done is not None:
+                    await self._lone_done.wait()
+            return await loop.run_in_executor(self._executor, self._run, inputs, lone)
         except (BackendError, BackendUnavailable):
             raise
         except Exception as error:  # onnxruntime raises its own exception types (Fail, InvalidArgument, ...)
             raise BackendError(
                 f"ONNX Runtime failed on a batch of shape {inputs['input_ids'].shape}: {error}"
             ) from error
+        finally:
+            self._calls -= 1
+            if done is not None:
+                self._lone_done = None
+                done.set()
 
     async def close(self) -> None:
         self._session = None
         self._compiled = None
+        self._compiled_lone = None
         self._executor.shutdown(wait=True, cancel_futures=False)

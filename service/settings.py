@@ -81,7 +81,12 @@ class ServiceSettings(BaseSettings):
         "least max_batch_size; max_queue or more = the whole queue.",
     )
     max_queue: int = Field(default=512, ge=1, description="Features waiting per model; beyond it requests get 429.")
-    max_concurrent_batches: int = Field(default=1, ge=1, description="Backend calls in flight per model.")
+    max_concurrent_batches: int | None = Field(
+        default=None,
+        ge=1,
+        description="Backend calls in flight per model (unset = what the backend runs at once: an OpenVINO variant's "
+        "streams, else 1).",
+    )
     request_timeout_s: float = Field(default=30.0, gt=0, description="Per-request deadline (504 / DEADLINE_EXCEEDED).")
 
     # ---- input limits -------------------------------------------------------------------------
@@ -98,12 +103,22 @@ class ServiceSettings(BaseSettings):
         description="Let ORT worker threads spin between operators (faster alone, slower when sharing cores "
         "with the event loop and tokenization).",
     )
-    inference_threads: int = Field(default=1, ge=1, description="Worker threads running backend calls off the loop.")
-    openvino_streams: int = Field(
-        default=1,
+    inference_threads: int | None = Field(
+        default=None,
         ge=1,
-        description="OpenVINO variants: streams (batches computed at once, the cores split between them); 1 = "
-        "the latency setting. More than 1 pays only with as many --max-concurrent-batches and --inference-threads.",
+        description="Worker threads running backend calls off the loop (unset = what the backend runs at once).",
+    )
+    openvino_streams: int = Field(
+        default=2,
+        ge=1,
+        description="OpenVINO variants: streams (batches computed at once, the cores split between them; 1 = the "
+        "latency setting, all cores on one batch). Under load N batches run at once without waiting on each other.",
+    )
+    openvino_lone_latency: bool = Field(
+        default=True,
+        description="OpenVINO variants with more than one stream: a batch that starts while no other runs goes to a "
+        "second copy of the graph compiled for latency (all cores on that batch), so a lightly loaded server answers "
+        "as fast as with one stream.",
     )
 
     # ---- Triton -------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ class TritonBackend:
         self.model_name = model_name
         self.variant = f"triton:{model_name}"
         self.batches_itself = batches_itself
+        self.concurrency = 1
         self.output_names = list(manifest.output_names)
         self._timeout = timeout_s
         self._client: triton.InferenceServerClient | None = None
@@ -73,6 +74,10 @@ class TritonBackend:
             raise ValueError(f"Triton model {self.model_name!r} lacks the outputs {missing}")
         self._inputs = [name for name in INPUT_NAMES if name in served_inputs]
         log.info("using Triton model %s at %s", self.model_name, self.url)
+
+    async def infer_alone(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Triton schedules its own instances: a lone batch is sent as any other."""
+        return await self.infer(inputs)
 
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One batch; split into calls of at most the model's `max_batch_size` rows (sent concurrently)."""

@@ -124,6 +124,59 @@ def test_openvino_streams_give_the_same_answers(tiny_bundles: dict[str, Path], t
         np.testing.assert_allclose(left["logits"], right["logits"], atol=1e-5)
 
 
+def test_a_lone_batch_runs_on_the_latency_copy_and_others_on_streams(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """Streams 2 with the latency copy: `infer_alone` with nothing in flight takes the copy (one stream, all cores);
+    calls that start while it runs wait for it and then share the streams; `infer_alone` while a stream call runs
+    and plain `infer` take a stream; every answer equals the copy-less backend's."""
+    pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
+    folder = _with_openvino_variant(tiny_bundles["classify"], tmp_path)
+    bundle = BundleManifest.read(folder)
+    rng = np.random.default_rng(2)
+    feeds = []
+    for length in (7, 12, 19, 30, 41):
+        ids = rng.integers(1000, 5000, size=(2, length)).astype(np.int64)
+        feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})
+
+    async def run(lone_latency: bool) -> tuple[list[int], list[dict[str, np.ndarray]]]:
+        backend = OrtBackend(
+            folder, bundle, variant="openvino-fp32", openvino_streams=2, openvino_lone_latency=lone_latency
+        )
+        await backend.start()
+        try:
+            assert backend.concurrency == 2 and backend._executor._max_workers == 2
+            answers = [await backend.infer_alone(feeds[0]), await backend.infer(feeds[1])]
+            counts = [backend.lone_calls]  # 1: the first call only
+            answers += await asyncio.gather(
+                backend.infer_alone(feeds[2]), backend.infer(feeds[3]), backend.infer(feeds[4])
+            )
+            counts.append(backend.lone_calls)  # 2: the lone one started first, the others waited for it
+            answers += await asyncio.gather(backend.infer(feeds[0]), backend.infer_alone(feeds[1]))
+            counts.append(backend.lone_calls)  # still 2: a stream call was in flight
+            assert backend._calls == 0 and backend._lone_done is None
+            counts.append(int(backend._compiled.get_property("NUM_STREAMS")))
+            if backend._compiled_lone is not None:
+                counts.append(int(backend._compiled_lone.get_property("NUM_STREAMS")))
+            return counts, answers
+        finally:
+            await backend.close()
+
+    with_copy, answers = asyncio.run(run(True))
+    assert with_copy == [1, 2, 2, 2, 1]  # lone calls after each step; streams 2, the copy 1
+    without, plain = asyncio.run(run(False))
+    assert without == [0, 0, 0, 2]
+    for left, right in zip(answers, plain, strict=True):
+        np.testing.assert_allclose(left["logits"], right["logits"], atol=1e-5)
+
+
+def test_onnx_runtime_variants_run_one_batch_at_a_time(tiny_bundles: dict[str, Path]) -> None:
+    folder = tiny_bundles["classify"]
+    backend = OrtBackend(folder, BundleManifest.read(folder), variant="cpu-fp32", openvino_streams=2)
+    assert backend.concurrency == 1 and backend._executor._max_workers == 1
+    asyncio.run(backend.close())
+
+
 def test_backend_errors_are_domain_errors(tiny_bundles: dict[str, Path]) -> None:
     from service.errors import BackendError
 

@@ -302,3 +302,31 @@ def test_requests_queued_at_close_and_after_it_get_not_ready() -> None:
     assert all(isinstance(o, NotReady) and "shut" in str(o) for o in outcomes[1:]), outcomes
     assert isinstance(after, NotReady)
     assert http_status(after) == 503 and grpc_status(after) == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_batch_with_nothing_beside_it_goes_to_run_alone() -> None:
+    """run_alone gets a batch only when no other batch runs and nothing waits: one request at a time always; in a
+    burst, the first batch (cut while the others had not arrived yet) at most, and none while the queue is full."""
+
+    async def go() -> tuple[int, int, int, int]:
+        streams, lone = FakeBackend(delay=0.01), FakeBackend(delay=0.01)
+        batcher = Batcher(
+            "m", streams, BatchConfig(max_batch_size=4, max_wait_s=0, max_concurrency=2),
+            output_names=("logits", "tokens"), sequence_outputs=("tokens",), run_alone=lone,
+        )  # fmt: skip
+        await batcher.start()
+        try:
+            deadline = time.perf_counter() + 10
+            for i in range(3):  # one after the other: each alone
+                await batcher.submit([feat(6 + i, seed=i)], deadline)
+            sequential = (len(lone.calls), len(streams.calls))
+            burst = [batcher.submit([feat(5 + i % 7, seed=i)], deadline) for i in range(24)]
+            results = await asyncio.gather(*burst)
+            assert all(r.outputs for r in results)
+            return (*sequential, len(lone.calls) - sequential[0], len(streams.calls) - sequential[1])
+        finally:
+            await batcher.close()
+
+    alone_sequential, streams_sequential, alone_burst, streams_burst = run(go())
+    assert (alone_sequential, streams_sequential) == (3, 0)
+    assert alone_burst <= 1 and streams_burst >= 5  # 24 features in batches of 4: at least 5 beside others

@@ -22,6 +22,7 @@ class SpyBackend:
     kind = "spy"
     variant = "spy"
     batches_itself = False
+    concurrency = 1
 
     def __init__(self) -> None:
         self.started = 0
@@ -31,6 +32,9 @@ class SpyBackend:
         self.started += 1
 
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise AssertionError("not called in these tests")
+
+    async def infer_alone(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise AssertionError("not called in these tests")
 
     async def close(self) -> None:
