@@ -116,9 +116,9 @@ class ServiceSettings(BaseSettings):
     )
     openvino_lone_latency: bool = Field(
         default=True,
-        description="OpenVINO variants with more than one stream: a batch that starts while no other runs goes to a "
-        "second copy of the graph compiled for latency (all cores on that batch), so a lightly loaded server answers "
-        "as fast as with one stream.",
+        description="OpenVINO variants with more than one stream: a batch with nothing beside it (no other batch "
+        "running, nothing waiting) goes to a second copy of the graph compiled for latency (all cores on that batch), "
+        "so a lightly loaded server answers as fast as with one stream.",
     )
 
     # ---- Triton -------------------------------------------------------------------------------
