@@ -45,7 +45,9 @@ class Encoded(Protocol):
 class BatchObserver(Protocol):
     """Receives batching figures (implemented by `service.metrics`)."""
 
-    def batch_done(self, model: str, rows: int, tokens: int, padded_tokens: int, seconds: float) -> None: ...
+    def batch_done(
+        self, model: str, rows: int, tokens: int, padded_tokens: int, seconds: float, alone: bool = False
+    ) -> None: ...
 
     def queued(self, model: str, seconds: float) -> None: ...
 
@@ -428,7 +430,8 @@ class Batcher:
         elapsed = time.perf_counter() - start
         if self._observer is not None:
             tokens = int(arrays["attention_mask"].sum())
-            self._observer.batch_done(self.model, len(batch), tokens, int(arrays["input_ids"].size), elapsed)
+            padded = int(arrays["input_ids"].size)
+            self._observer.batch_done(self.model, len(batch), tokens, padded, elapsed, alone=run is self._run_alone)
         self._deliver(batch, outputs, elapsed)
 
     def _pad(self, batch: list[_Item]) -> dict[str, np.ndarray]:

@@ -59,6 +59,13 @@ class ServiceMetrics:
             "bertserve_padded_tokens", "Tokens computed including padding.", ["model"], registry=r
         )
         self.real_tokens = Counter("bertserve_tokens", "Real tokens computed.", ["model"], registry=r)
+        self.alone_batches = Counter(
+            "bertserve_alone_batches",
+            "Backend calls with nothing beside them (no other batch running, nothing waiting); on OpenVINO streams "
+            "these run on the latency copy.",
+            ["model"],
+            registry=r,
+        )
         self.queue_depth = Gauge("bertserve_queue_depth", "Sequences waiting for a batch.", ["model"], registry=r)
         self.rejections = Counter(
             "bertserve_rejected",
@@ -69,8 +76,12 @@ class ServiceMetrics:
         self.ready = Gauge("bertserve_ready", "1 once every model is loaded and warmed up.", registry=r)
 
     # ---- BatchObserver ----------------------------------------------------------------------------
-    def batch_done(self, model: str, rows: int, tokens: int, padded_tokens: int, seconds: float) -> None:
+    def batch_done(
+        self, model: str, rows: int, tokens: int, padded_tokens: int, seconds: float, alone: bool = False
+    ) -> None:
         self.inference.labels(model).observe(seconds)
+        if alone:
+            self.alone_batches.labels(model).inc()
         self.batch_size.labels(model).observe(rows)
         self.batch_tokens.labels(model).observe(tokens)
         self.padded_tokens.labels(model).inc(padded_tokens)

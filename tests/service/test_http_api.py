@@ -190,6 +190,17 @@ def test_models_health_metrics(client: httpx.Client) -> None:
     ):
         assert name in metrics, name
 
+    def alone_batches() -> float:
+        prefix = 'bertserve_alone_batches_total{model="tiny-classify"} '
+        return float(
+            next(line for line in client.get("/metrics").text.splitlines() if line.startswith(prefix))[len(prefix) :]
+        )
+
+    before = alone_batches()
+    for _ in range(3):  # one request at a time: each batch has nothing beside it
+        assert client.post("/classify", json={"inputs": "a fine film"}).status_code == 200
+    assert alone_batches() == before + 3
+
 
 def test_openapi_documents_routes_with_examples(client: httpx.Client) -> None:
     spec = client.get("/openapi.json").json()
