@@ -56,10 +56,9 @@ OPENVINO = "OpenVINO"
 def default_cpu_variant(manifest: BundleManifest) -> str:
     """The variant the service serves on a CPU: the manifest's cpu default (OpenVINO, when it imports), else its
     ONNX Runtime default."""
-    for key in ("cpu", "cpu-onnxruntime"):
-        name = manifest.default_variants.get(key)
-        if name is not None and (manifest.variants[name].provider != OPENVINO or _openvino_imports()):
-            return name
+    name = manifest.cpu_default(lambda provider: provider != OPENVINO or _openvino_imports())
+    if name is not None:
+        return name
     raise ValueError(f"bundle {manifest.name!r} names no CPU variant this process can run")
 
 

@@ -84,12 +84,12 @@ def choose_variant(manifest: BundleManifest, device: str = "auto", forced: str |
     if device == "cuda" and not cuda_available():
         raise ValueError("device cuda was asked for, but this ONNX Runtime has no CUDAExecutionProvider")
     use_gpu = device == "cuda" or (device == "auto" and cuda_available())
-    preferred = [manifest.default_variants.get("gpu")] if use_gpu else []
-    # "cpu-onnxruntime": the export step's CPU choice for when the OpenVINO runtime is absent
-    preferred += [manifest.default_variants.get("cpu"), manifest.default_variants.get("cpu-onnxruntime")]
-    for name in preferred:
-        if name is not None and runnable(manifest.variants[name].provider):
-            return name, manifest.variants[name].provider
+    gpu = manifest.default_variants.get("gpu") if use_gpu else None
+    if gpu is not None and runnable(manifest.variants[gpu].provider):
+        return gpu, manifest.variants[gpu].provider
+    name = manifest.cpu_default(runnable)
+    if name is not None:
+        return name, manifest.variants[name].provider
     cpu = [(name, spec) for name, spec in manifest.variants.items() if spec.provider in (CPU, OPENVINO)]
     cpu.sort(key=lambda item: (item[1].provider != OPENVINO, _rank(item[1].precision)))
     for name, spec in cpu:

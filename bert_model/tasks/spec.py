@@ -13,6 +13,7 @@ Torch-free and onnx-free.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -122,6 +123,15 @@ class BundleManifest:
     @property
     def output_names(self) -> tuple[str, ...]:
         return OUTPUT_NAMES[self.task]
+
+    def cpu_default(self, runnable: Callable[[str], bool]) -> str | None:
+        """The export step's CPU choice that `runnable(provider)` admits: the `cpu` default, else `cpu-onnxruntime`
+        (its fallback for a process without OpenVINO); None when neither runs here."""
+        for key in ("cpu", "cpu-onnxruntime"):
+            name = self.default_variants.get(key)
+            if name is not None and runnable(self.variants[name].provider):
+                return name
+        return None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

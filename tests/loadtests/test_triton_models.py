@@ -19,9 +19,9 @@ from bert_model.tasks.spec import BundleManifest
 def openvino_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
     pytest.importorskip("torch", reason="building a test bundle needs torch")
-    from tests.service.tiny_bundles import build_all
+    from tests.service.tiny_bundles import build_tiny_bundle
 
-    folder = build_all(tmp_path_factory.mktemp("bundles"))["classify"]
+    folder = build_tiny_bundle(tmp_path_factory.mktemp("bundles"), "classify")
     data = json.loads((folder / "manifest.json").read_text())
     data["variants"]["openvino-fp32"] = {"file": "cpu-fp32.onnx", "provider": "OpenVINO", "precision": "fp32"}
     data["default_variants"] = {"cpu": "openvino-fp32", "cpu-onnxruntime": "cpu-fp32"}
