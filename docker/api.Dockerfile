@@ -66,7 +66,7 @@ COPY bertserve/ bertserve/
 COPY export/ export/
 COPY service/ service/
 COPY loadtests/ loadtests/
-COPY proto/__init__.py proto/
+COPY proto/__init__.py proto/stubs.py proto/
 COPY proto/bert/ proto/bert/
 COPY --from=stubs /src/proto/gen/ proto/gen/
 COPY docker/import_check.py docker/

@@ -326,9 +326,9 @@ def transformers_model(ours: object, task: str) -> object:
 
 
 def variant_runners(bundle_dir: Path, names: list[str] | None, threads: int) -> list[Runner]:
+    from bert_model.tasks.runtimes import OPENVINO_PROVIDER, openvino_available
     from bert_model.tasks.spec import BundleManifest
-    from export.runtime import openvino_available, openvino_runner, ort_runner
-    from export.variants import OPENVINO_PROVIDER
+    from export.runtime import openvino_runner, ort_runner
 
     manifest = BundleManifest.read(bundle_dir)
     runners = []

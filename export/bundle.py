@@ -30,6 +30,7 @@ from torch import nn
 
 from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
+from bert_model.tasks.runtimes import OPENVINO_PROVIDER
 from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec
 from bert_model.tokenization import BertTokenizer
 from export.canonicalize import canonicalize
@@ -39,7 +40,7 @@ from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, jud
 from export.sentence_layout import EmbeddingSettings, embedding_settings
 from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard, served_task_settings
 from export.variant_names import CPU_PREFERENCE, DEFAULT_VARIANTS
-from export.variants import OPENVINO_PROVIDER, RECIPES, Sources, parse_variants
+from export.variants import RECIPES, Sources, parse_variants
 from export.wrapper import encoder_of, labels_of, load_task_model
 
 logger = logging.getLogger(__name__)

@@ -50,14 +50,6 @@ def ort_runner(path: Path, provider: str = "CPUExecutionProvider", threads: int 
     return run
 
 
-def openvino_available() -> bool:
-    try:
-        import openvino  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def openvino_runner(path: Path, options: dict[str, str] | None = None, threads: int | None = None) -> Runner:
     """An OpenVINO CPU compiled model over an ONNX file (the optional `openvino` extra).
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
+from bert_model.tasks.runtimes import OPENVINO_PROVIDER
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
 
 GPU_VARIANT = "gpu-fp16"
@@ -99,7 +100,7 @@ def choose_variant(manifest: BundleManifest, options: TritonOptions) -> str:
     if options.variant is not None:
         if options.variant not in manifest.variants:
             raise ValueError(f"variant {options.variant!r} is not in the bundle ({', '.join(manifest.variants)})")
-        if manifest.variants[options.variant].provider == "OpenVINO":
+        if manifest.variants[options.variant].provider == OPENVINO_PROVIDER:
             raise ValueError(f"variant {options.variant!r} runs on OpenVINO, not Triton's onnxruntime backend")
         return options.variant
     wanted = (GPU_VARIANT,) if options.gpu else CPU_VARIANTS

@@ -33,11 +33,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from bert_model.tasks.runtimes import OPENVINO_PROVIDER, openvino_available
 from export.quantize import quantize_dynamic_int8, weight_only_int8
-from export.runtime import Runner, openvino_available, openvino_runner, ort_runner
-
-OPENVINO_PROVIDER = "OpenVINO"
-"""`VariantSpec.provider` of variants that the OpenVINO runtime (not ONNX Runtime) executes."""
+from export.runtime import Runner, openvino_runner, ort_runner
 
 
 @dataclass

@@ -27,9 +27,9 @@ import grpc.experimental.gevent as grpc_gevent
 from locust import FastHttpUser, LoadTestShape, User, constant, events, task
 
 from loadtests.endpoints import ENDPOINTS, Endpoint
-from loadtests.grpc_stubs import load_stubs
 from loadtests.payloads import Payloads
 from loadtests.samples import Sample, grpc_outcome, rest_outcome, server_times, write_samples
+from proto.stubs import load_stubs
 
 grpc_gevent.init_gevent()  # before any channel: lets grpc cooperate with gevent's monkey-patched sockets
 pb, pb_grpc = load_stubs()

@@ -42,6 +42,7 @@ from bert_model.tasks.embeddings import embedding_postprocess
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import build_ner_features, ner_postprocess
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
+from bert_model.tasks.runtimes import OPENVINO_PROVIDER, openvino_available
 from bert_model.tasks.spec import INPUT_NAMES, TOKENIZER_DIR, BundleManifest
 from bert_model.tasks.windows import fit_ner_window, fit_qa_window
 from bert_model.tokenization import BertTokenizer
@@ -50,24 +51,15 @@ TASKS = ("classify", "qa", "ner", "embed")
 NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
 SEQUENCE_OUTPUTS = {"qa": ("start_logits", "end_logits"), "ner": ("logits",), "embed": ("last_hidden_state",)}
 """Outputs with a row per token: cut to each feature's own length."""
-OPENVINO = "OpenVINO"
 
 
 def default_cpu_variant(manifest: BundleManifest) -> str:
     """The variant the service serves on a CPU: the manifest's cpu default (OpenVINO, when it imports), else its
     ONNX Runtime default."""
-    name = manifest.cpu_default(lambda provider: provider != OPENVINO or _openvino_imports())
+    name = manifest.cpu_default(lambda provider: provider != OPENVINO_PROVIDER or openvino_available())
     if name is not None:
         return name
     raise ValueError(f"bundle {manifest.name!r} names no CPU variant this process can run")
-
-
-def _openvino_imports() -> bool:
-    try:
-        import openvino  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Runner:
@@ -80,7 +72,7 @@ class Runner:
         spec = manifest.variants[self.variant]
         self.output_names = list(manifest.output_names)
         path = str(folder / spec.file)
-        if spec.provider == OPENVINO:
+        if spec.provider == OPENVINO_PROVIDER:
             import openvino as ov
 
             config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", **spec.runtime_options}

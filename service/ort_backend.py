@@ -16,8 +16,6 @@ Reference: https://onnxruntime.ai/docs/performance/tune-performance/ , .../api/p
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib.util
 import logging
 import threading
 import time
@@ -28,6 +26,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from bert_model.tasks.runtimes import CPU_PROVIDER, CUDA_PROVIDER, OPENVINO_PROVIDER, openvino_available
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
 from bert_model.tokenization import BertTokenizer
 from service.errors import BackendError, BackendUnavailable
@@ -35,28 +34,14 @@ from service.variant_timing import FILLER_TEXT, VariantChoice, candidates, choos
 
 log = logging.getLogger(__name__)
 
-CPU = "CPUExecutionProvider"
-CUDA = "CUDAExecutionProvider"
-OPENVINO = "OpenVINO"
-"""A variant whose graph runs on the OpenVINO runtime (optional `openvino` extra), not ONNX Runtime."""
+CPU = CPU_PROVIDER
+CUDA = CUDA_PROVIDER
+OPENVINO = OPENVINO_PROVIDER
 PRECISION_PREFERENCE = ("int8", "bf16", "fp16", "fp32")
 
 
 def cuda_available() -> bool:
     return CUDA in ort.get_available_providers()
-
-
-@functools.cache
-def openvino_available() -> bool:
-    """Whether `openvino` imports (installed is not enough: a broken install fails only on import)."""
-    if importlib.util.find_spec("openvino") is None:
-        return False
-    try:
-        import openvino  # noqa: F401
-    except Exception as error:  # a native library that fails to load raises more than ImportError
-        log.warning("openvino is installed but does not import: %s", error)
-        return False
-    return True
 
 
 def runnable(provider: str) -> bool:

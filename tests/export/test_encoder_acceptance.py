@@ -23,10 +23,11 @@ from bert_model.tasks.classification import build_classification_features
 from bert_model.tasks.embeddings import l2_normalize, pool
 from bert_model.tasks.features import collate
 from bert_model.tasks.fill_mask import build_fill_mask_features, fill_mask_postprocess
+from bert_model.tasks.runtimes import openvino_available
 from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
 from bert_model.tokenization import BertTokenizer
 from export.bundle import build_bundle
-from export.runtime import openvino_available, openvino_runner, ort_runner
+from export.runtime import openvino_runner, ort_runner
 
 pytestmark = pytest.mark.slow
 

@@ -8,12 +8,13 @@ import numpy as np
 import onnx
 import pytest
 
+from bert_model.tasks.runtimes import OPENVINO_PROVIDER
 from bert_model.tasks.spec import OUTPUT_NAMES, BundleManifest
 from export.bundle import build_bundle
 from export.parity import AccuracyGuardError
 from export.runtime import openvino_runner
 from export.static_quant import calibration_samples
-from export.variants import OPENVINO_PROVIDER, RECIPES
+from export.variants import RECIPES
 
 NO_DATA = Path("/nonexistent")
 VARIANT = "openvino-int8-static"

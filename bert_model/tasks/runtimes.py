@@ -1,0 +1,31 @@
+"""The runtimes a bundle's graphs name (`VariantSpec.provider`), and whether this process can load the optional one.
+
+Torch-free and onnx-free: export (which variants to build and guard), the service (which variant to serve) and
+the load tests' Triton peer (which graph to put behind Triton) ask the same question the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+
+log = logging.getLogger(__name__)
+
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+OPENVINO_PROVIDER = "OpenVINO"
+"""A variant whose graph runs on the OpenVINO runtime (the optional `openvino` extra), not ONNX Runtime."""
+
+
+@functools.cache
+def openvino_available() -> bool:
+    """Whether `openvino` imports (installed is not enough: a broken install fails only on import)."""
+    if importlib.util.find_spec("openvino") is None:
+        return False
+    try:
+        import openvino  # noqa: F401
+    except Exception as error:  # a native library that fails to load raises more than ImportError
+        log.warning("openvino is installed but does not import: %s", error)
+        return False
+    return True

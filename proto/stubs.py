@@ -1,0 +1,48 @@
+"""The generated bert.v1 modules, for the service (server) and the load tests (client).
+
+`make proto` writes them into the git-ignored `proto/gen/`; the images generate them at build. On a development
+checkout where they are missing but grpcio-tools is installed, `load_stubs()` generates them with the same protoc
+call, so `bertserve serve`, the load tests and the tests never depend on a forgotten step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[1]
+PROTO_FILE = "proto/bert/v1/bert.proto"
+
+
+def generate(repo_root: Path = REPO) -> None:
+    """Run protoc (grpcio-tools) exactly as `make proto` does: modules + .pyi into proto/gen/bert/v1/."""
+    try:
+        import grpc_tools
+        from grpc_tools import protoc
+    except ImportError as error:
+        raise RuntimeError(
+            "the gRPC stubs are not generated (proto/gen/) and grpcio-tools is not installed: run `make proto`"
+        ) from error
+    include = Path(grpc_tools.__file__).resolve().parent / "_proto"
+    args = ["protoc", f"-I{include}", "-Iproto/gen=proto", "--python_out=.", "--pyi_out=.", "--grpc_python_out=."]
+    cwd = os.getcwd()
+    try:
+        os.chdir(repo_root)
+        code = protoc.main([*args, PROTO_FILE])
+    finally:
+        os.chdir(cwd)
+    if code != 0:
+        raise RuntimeError(f"protoc failed with exit code {code} on {PROTO_FILE}: run `make proto` to see why")
+
+
+def load_stubs() -> tuple[ModuleType, ModuleType]:
+    """(bert_pb2, bert_pb2_grpc) of package bert.v1, generated first when they are missing."""
+    try:
+        from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
+    except ImportError:
+        generate()
+        importlib.invalidate_caches()
+        from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
+    return bert_pb2, bert_pb2_grpc
