@@ -2,8 +2,7 @@
 
 Session settings follow ONNX Runtime's performance-tuning guide: intra-op threads = physical cores, one
 inter-op thread, full graph optimization. Worker threads do not spin unless asked (`spinning=True`): spinning
-trades idle CPU for latency, and measured here it changed neither b1 nor b16 x 128 on MiniLM (2 threads,
-2026-12-01), while a spinning pool takes the cores a server's event loop and tokenization need.
+trades idle CPU for latency, and a spinning pool takes the cores a server's event loop and tokenization need.
 """
 
 from __future__ import annotations
