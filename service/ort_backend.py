@@ -34,23 +34,22 @@ from service.variant_timing import FILLER_TEXT, VariantChoice, candidates, choos
 
 log = logging.getLogger(__name__)
 
-CPU = CPU_PROVIDER
-CUDA = CUDA_PROVIDER
-OPENVINO = OPENVINO_PROVIDER
+CPU_RUNTIMES = (CPU_PROVIDER, OPENVINO_PROVIDER)
+"""Providers of the variants that run on the CPU."""
 PRECISION_PREFERENCE = ("int8", "bf16", "fp16", "fp32")
 
 
 def cuda_available() -> bool:
-    return CUDA in ort.get_available_providers()
+    return CUDA_PROVIDER in ort.get_available_providers()
 
 
 def runnable(provider: str) -> bool:
     """Whether this process can run a graph built for `provider`."""
-    if provider == CUDA:
+    if provider == CUDA_PROVIDER:
         return cuda_available()
-    if provider == OPENVINO:
+    if provider == OPENVINO_PROVIDER:
         return openvino_available()
-    return provider == CPU
+    return provider == CPU_PROVIDER
 
 
 def choose_variant(manifest: BundleManifest, device: str = "auto", forced: str | None = None) -> tuple[str, str]:
@@ -75,8 +74,8 @@ def choose_variant(manifest: BundleManifest, device: str = "auto", forced: str |
     name = manifest.cpu_default(runnable)
     if name is not None:
         return name, manifest.variants[name].provider
-    cpu = [(name, spec) for name, spec in manifest.variants.items() if spec.provider in (CPU, OPENVINO)]
-    cpu.sort(key=lambda item: (item[1].provider != OPENVINO, _rank(item[1].precision)))
+    cpu = [(name, spec) for name, spec in manifest.variants.items() if spec.provider in CPU_RUNTIMES]
+    cpu.sort(key=lambda item: (item[1].provider != OPENVINO_PROVIDER, _rank(item[1].precision)))
     for name, spec in cpu:
         if runnable(spec.provider):
             return name, spec.provider
@@ -88,8 +87,11 @@ def cpu_order(manifest: BundleManifest) -> list[str]:
     lower precision first (the order `choose_variant` falls back through; ties of `--variant auto` follow it)."""
     defaults = [manifest.default_variants.get("cpu"), manifest.default_variants.get("cpu-onnxruntime")]
     rest = sorted(
-        (name for name, spec in manifest.variants.items() if spec.provider in (CPU, OPENVINO)),
-        key=lambda name: (manifest.variants[name].provider != OPENVINO, _rank(manifest.variants[name].precision)),
+        (name for name, spec in manifest.variants.items() if spec.provider in CPU_RUNTIMES),
+        key=lambda name: (
+            manifest.variants[name].provider != OPENVINO_PROVIDER,
+            _rank(manifest.variants[name].precision),
+        ),
     )
     named = [name for name in defaults if name is not None and name in manifest.variants]
     return named + [name for name in rest if name not in named]
@@ -113,7 +115,7 @@ async def start_fastest_cpu_variant(
 ) -> tuple[OrtBackend, VariantChoice]:
     """Time the guarded CPU variants this process can run and return the fastest, started (`options`: the
     OrtBackend thread settings); logs the table as one line. Raises ValueError when none can be served."""
-    names, skipped = candidates(manifest, runnable, (CPU, OPENVINO), cpu_order(manifest))
+    names, skipped = candidates(manifest, runnable, CPU_RUNTIMES, cpu_order(manifest))
     shapes = timing_shapes(manifest.task, serving_length, max_batch_size, max_batch_tokens)
     filler = tokenizer.backend.encode(FILLER_TEXT, add_special_tokens=False).ids
     feeds = {shape.label: timing_feed(shape, tokenizer.cls_id, tokenizer.sep_id, filler) for shape in shapes}
@@ -158,7 +160,7 @@ class OrtBackend:
         self._intra = intra_op_threads
         self._inter = inter_op_threads
         self._spinning = spinning
-        self.kind = "openvino" if self.provider == OPENVINO else "ort"
+        self.kind = "openvino" if self.provider == OPENVINO_PROVIDER else "ort"
         self._streams = openvino_streams if self.kind == "openvino" else 1
         self._lone_latency = openvino_lone_latency and self._streams > 1
         self._executor = ThreadPoolExecutor(
@@ -182,7 +184,7 @@ class OrtBackend:
         return self._streams
 
     def _load(self) -> None:
-        if self.provider == OPENVINO:
+        if self.provider == OPENVINO_PROVIDER:
             self._compile_openvino()
         else:
             self._session = self._create_session()
@@ -205,16 +207,18 @@ class OrtBackend:
             self._compiled_lone = core.compile_model(model, "CPU", latency)
         inputs = {node.get_any_name() for node in compiled.inputs}
         self._input_names = [name for name in INPUT_NAMES if name in inputs]
-        # an output tensor may carry several names; find each contract name among them
+        self._output_ports = self._contract_ports(compiled, spec.file)
+        self._compiled = compiled
+        if self._compiled_lone is not None:
+            self._lone_output_ports = self._contract_ports(self._compiled_lone, spec.file)
+
+    def _contract_ports(self, compiled: Any, file: str) -> dict[str, Any]:
+        """The compiled model's output port of each contract output name (a tensor may carry several names)."""
         ports = {name: port for port in compiled.outputs for name in port.get_names()}
         absent = [name for name in self.output_names if name not in ports]
         if absent:
-            raise ValueError(f"{spec.file} lacks the outputs {absent} of a {self.manifest.task} bundle")
-        self._output_ports = {name: ports[name] for name in self.output_names}
-        self._compiled = compiled
-        if self._compiled_lone is not None:
-            lone_ports = {name: port for port in self._compiled_lone.outputs for name in port.get_names()}
-            self._lone_output_ports = {name: lone_ports[name] for name in self.output_names}
+            raise ValueError(f"{file} lacks the outputs {absent} of a {self.manifest.task} bundle")
+        return {name: ports[name] for name in self.output_names}
 
     def _run_openvino(self, feed: dict[str, np.ndarray], lone: bool) -> dict[str, np.ndarray]:
         name = "lone_request" if lone else "request"
@@ -236,7 +240,7 @@ class OrtBackend:
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self._spinning else "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "1" if self._spinning else "0")
         options.log_severity_level = 3
-        providers = [CUDA, CPU] if self.provider == CUDA else [CPU]
+        providers = [CUDA_PROVIDER, CPU_PROVIDER] if self.provider == CUDA_PROVIDER else [CPU_PROVIDER]
         path = self.bundle_dir / self.manifest.variants[self.variant].file
         session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         graph_inputs = {node.name for node in session.get_inputs()}
@@ -262,7 +266,7 @@ class OrtBackend:
         session = self._session
         if session is None:
             raise BackendUnavailable(f"model {self.manifest.name!r} is not loaded")
-        if self.provider == CUDA:
+        if self.provider == CUDA_PROVIDER:
             return self._run_io_binding(session, feed)
         values = session.run(self.output_names, feed)
         return dict(zip(self.output_names, values, strict=True))

@@ -13,9 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bert_model.tasks.runtimes import CPU_PROVIDER as CPU
+from bert_model.tasks.runtimes import CUDA_PROVIDER as CUDA
+from bert_model.tasks.runtimes import OPENVINO_PROVIDER as OPENVINO
 from bert_model.tasks.spec import MANIFEST_FILE, BundleManifest, VariantSpec
 from service.inference import InferenceService
-from service.ort_backend import CPU, CUDA, OPENVINO, cpu_order
+from service.ort_backend import cpu_order
 from service.settings import ServiceSettings
 from service.variant_timing import (
     MAX_ROUNDS,
