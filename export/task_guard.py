@@ -178,7 +178,11 @@ QA_NULL_SETTINGS = ("version_2", "null_threshold")
 def served_task_settings(task: str, config: BertConfig, max_len: int) -> dict[str, Any]:
     """The manifest's `task_settings`: the model's stored settings that the service uses, fitted to `max_len`
     exactly as the guard's (so export, evaluate and serving read the same windows); {} for a model without
-    stored settings (a base model with a fresh head), which the service serves with its own defaults."""
+    stored settings (a base model with a fresh head), which the service serves with its own defaults.
+    A classifier's are its config's `problem_type` when stated (multi-label, regression): it decides how the
+    service turns logits into scores (`bert_model.tasks.classification.default_score_function`)."""
+    if task == "classify":
+        return {} if config.problem_type is None else {"problem_type": config.problem_type}
     stored = stored_settings(config)
     if task not in SERVED_SETTINGS or not stored:
         return {}

@@ -37,7 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from bert_model.tasks.classification import build_classification_features, classification_postprocess
+from bert_model.tasks.classification import (
+    build_classification_features,
+    classification_postprocess,
+    default_score_function,
+)
 from bert_model.tasks.embeddings import embedding_postprocess
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import build_ner_features, ner_postprocess
@@ -126,6 +130,7 @@ class TaskCode:
         self.qa = fit_qa_window(capacity, settings.get("max_query_length", 64), settings.get("doc_stride", 128), stored)
         self.max_answer_length = int(settings.get("max_answer_length", 15))
         self.ner = fit_ner_window(capacity, settings.get("stride", 32), stored)
+        self.score_function = default_score_function(settings.get("problem_type"), len(manifest.labels) or 1)
 
     def features(self, body: dict[str, Any], route: str) -> tuple[int, list[Feature]]:
         """(inputs in the body, their features)."""
@@ -150,7 +155,7 @@ class TaskCode:
         """One result per input, in order."""
         if self.task == "classify":
             found: dict[int, Any] = classification_postprocess(
-                features, [row["logits"] for row in rows], self.manifest.labels
+                features, [row["logits"] for row in rows], self.manifest.labels, function=self.score_function
             )
         elif self.task == "qa":
             starts, ends = [row["start_logits"] for row in rows], [row["end_logits"] for row in rows]

@@ -105,6 +105,7 @@ class LoadedModel:
             "max_seq_length": self.pipeline.max_seq_length,  # the windows served (<= the graph's)
             "backend": self.backend.kind,
             "is_default": self.is_default,
+            "function_to_apply": self.pipeline.score_function,
         }
 
 

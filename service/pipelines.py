@@ -11,6 +11,9 @@ Windows: QA and NER use the model's own settings from the manifest's `task_setti
 fine-tuned and `bertserve evaluate`d with, e.g. 256-token QA windows, doc_stride 128), capped by the graph's
 `max_seq_length`; a bundle without them (written before they existed) gets windows of the graph's length
 with this module's defaults. Per-request fields (`doc_stride`, `max_answer_len`) still override.
+Classification scores follow the model's `problem_type` (manifest `task_settings`) as Hugging Face's pipeline
+does: softmax for single-label heads, sigmoids for multi-label ones (and a single output), the raw values of a
+regression head; a request's `function_to_apply` overrides.
 """
 
 from __future__ import annotations
@@ -21,7 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from bert_model.tasks.classification import build_classification_features, classification_postprocess
+from bert_model.tasks.classification import (
+    ScoreFunction,
+    build_classification_features,
+    classification_postprocess,
+    default_score_function,
+)
 from bert_model.tasks.embeddings import POOLING_MODES, embedding_postprocess
 from bert_model.tasks.features import Feature
 from bert_model.tasks.fill_mask import DEFAULT_MASK_TOKEN, build_fill_mask_features, fill_mask_postprocess, target_ids
@@ -54,6 +62,8 @@ class ClassifyInput:
     top_k: int | None = 1
     """Labels per input (None = all)."""
     truncate: bool | None = None
+    function_to_apply: ScoreFunction | None = None
+    """softmax, sigmoid or none (the raw logits); None = the model's default (`default_score_function`)."""
 
     @classmethod
     def from_items(cls, items: Sequence[tuple[str, str | None]], **options: Any) -> ClassifyInput:
@@ -187,6 +197,8 @@ class Pipeline:
     sequence_outputs: tuple[str, ...] = ()
     max_batch_tokens: int | None = None
     """The most padded tokens of one backend call this task allows (None = the server's setting only)."""
+    score_function: ScoreFunction | None = None
+    """classify: how logits become scores unless a request says otherwise; None for the other tasks."""
 
     def __init__(self, bundle: ServingBundle) -> None:
         self.bundle = bundle
@@ -233,6 +245,15 @@ def _truncation(truncate: bool | None) -> str:
 
 class ClassifyPipeline(Pipeline):
     task = "classify"
+    score_function: ScoreFunction
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        problem_type = bundle.manifest.task_settings.get("problem_type")
+        try:
+            self.score_function = default_score_function(problem_type, len(self.labels))
+        except ValueError as error:
+            raise ValueError(f"manifest task_settings: {error}") from error
 
     def _features(self, request: ClassifyInput) -> list[Feature]:
         return list(
@@ -247,7 +268,8 @@ class ClassifyPipeline(Pipeline):
 
     def _postprocess(self, request: ClassifyInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
         logits = [output["logits"] for output in outputs]
-        return classification_postprocess(features, logits, self.labels, top_k=request.top_k)
+        function = request.function_to_apply or self.score_function
+        return classification_postprocess(features, logits, self.labels, top_k=request.top_k, function=function)
 
     def count(self, request: ClassifyInput) -> int:
         return len(request.texts)

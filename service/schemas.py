@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from bert_model.tasks.classification import ScoreFunction
 from service.pipelines import ClassifyInput, NERInput, QAInput
 
 AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
@@ -100,6 +101,12 @@ class ClassifyRequest(_Body):
     )
     model: StrictStr | None = _model_field("minilm-sst2")
     truncate: StrictBool | None = TRUNCATE_FIELD
+    function_to_apply: ScoreFunction | None = Field(
+        ClassifyInput.function_to_apply,
+        description="How logits become scores: softmax, sigmoid (independent per label) or none (the raw values); "
+        "null = the model's own (GET /v1/models: softmax for single-label heads, sigmoid for multi-label ones, "
+        "none for regression).",
+    )
 
 
 class LabelScore(BaseModel):
@@ -254,6 +261,9 @@ class ModelInfo(BaseModel):
     backend: str = Field(..., examples=["ort"])
     is_default: bool = Field(..., description="Whether requests without `model` get this one for its task.")
     variant_choice: VariantChoiceInfo = Field(..., description="How `variant` was chosen.")
+    function_to_apply: ScoreFunction | None = Field(
+        None, description="classify models: how logits become scores unless a request says otherwise; null for others."
+    )
 
 
 class ModelList(BaseModel):

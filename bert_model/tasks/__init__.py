@@ -23,6 +23,7 @@ from bert_model.tasks.classification import (
     build_classification_features,
     classification_postprocess,
     classification_scores,
+    default_score_function,
     predicted_label_ids,
 )
 from bert_model.tasks.features import Feature, collate
@@ -72,6 +73,7 @@ __all__ = [
     "classification_postprocess",
     "classification_scores",
     "collate",
+    "default_score_function",
     "iob1_to_iob2",
     "log_softmax",
     "ner_postprocess",

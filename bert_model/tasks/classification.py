@@ -13,6 +13,7 @@ from typing import Literal, TypedDict
 
 import numpy as np
 
+from bert_model.config import PROBLEM_TYPES
 from bert_model.tasks.features import Feature, OutputRows, check_aligned
 from bert_model.tasks.numeric import sigmoid, softmax, top_k
 from bert_model.tokenization import BertTokenizer, Truncation
@@ -47,6 +48,22 @@ def build_classification_features(
         ClassificationFeature(request_index=index, input_ids=list(e.ids), token_type_ids=list(e.type_ids))
         for index, e in enumerate(encodings)
     ]
+
+
+def default_score_function(problem_type: str | None, num_labels: int) -> ScoreFunction:
+    """How a model's logits become scores when a request does not say: the rule of Hugging Face's
+    text-classification pipeline (`function_to_apply` unset). A regression head's outputs are the predictions
+    (none); a multi-label head, and any head with a single output, gets independent sigmoids; a single-label head
+    with two or more labels a softmax. `problem_type` is the model config's (None: not stated)."""
+    if problem_type is not None and problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"problem_type must be one of {PROBLEM_TYPES} or None, got {problem_type!r}")
+    if num_labels < 1:
+        raise ValueError(f"a classification head has at least one output, got num_labels={num_labels}")
+    if problem_type == "regression":
+        return "none"
+    if problem_type == "multi_label_classification" or num_labels == 1:
+        return "sigmoid"
+    return "softmax"
 
 
 def classification_scores(logits: np.ndarray, function: ScoreFunction = "softmax") -> np.ndarray:
@@ -116,5 +133,6 @@ __all__ = [
     "build_classification_features",
     "classification_postprocess",
     "classification_scores",
+    "default_score_function",
     "predicted_label_ids",
 ]

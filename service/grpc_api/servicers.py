@@ -32,6 +32,12 @@ AGGREGATION = {
     pb.AGGREGATION_STRATEGY_AVERAGE: "average",
     pb.AGGREGATION_STRATEGY_MAX: "max",
 }
+SCORE_FUNCTIONS = {
+    pb.SCORE_FUNCTION_SOFTMAX: "softmax",
+    pb.SCORE_FUNCTION_SIGMOID: "sigmoid",
+    pb.SCORE_FUNCTION_NONE: "none",
+}
+"""ScoreFunction -> the task input's `function_to_apply` (unspecified: the model's own)."""
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
@@ -80,6 +86,10 @@ class ClassifierServicer(_Base, pb_grpc.ClassifierServicer):
             options = _given(request, "top_k", "truncate")
             if options.get("top_k") == 0:
                 options["top_k"] = None  # 0 = all labels
+            if request.function_to_apply != pb.SCORE_FUNCTION_UNSPECIFIED:
+                if request.function_to_apply not in SCORE_FUNCTIONS:
+                    raise InvalidInput(f"unknown function_to_apply value {request.function_to_apply}")
+                options["function_to_apply"] = SCORE_FUNCTIONS[request.function_to_apply]
             task_input = ClassifyInput.from_items(
                 [(item.text, item.text_pair if item.HasField("text_pair") else None) for item in request.inputs],
                 **options,
@@ -187,8 +197,10 @@ def _model_info(info: dict[str, Any]) -> Any:
     """A `describe()` dict as ModelInfo (the variant choice's nested maps become messages)."""
     choice = info["variant_choice"]
     timings = {name: pb.ShapeTimings(ms=shapes) for name, shapes in choice.get("timings_ms", {}).items()}
+    function = {name: value for value, name in SCORE_FUNCTIONS.items()}.get(info["function_to_apply"])
     return pb.ModelInfo(
-        **{key: value for key, value in info.items() if key != "variant_choice"},
+        **{key: value for key, value in info.items() if key not in ("variant_choice", "function_to_apply")},
+        function_to_apply=function or pb.SCORE_FUNCTION_UNSPECIFIED,
         variant_choice=pb.VariantChoice(
             auto=choice["auto"],
             timings_ms=timings,

@@ -228,6 +228,7 @@ def _add_routes(app: FastAPI) -> None:
             [(item, None) if isinstance(item, str) else (item.text, item.text_pair) for item in items],
             top_k=body.top_k,
             truncate=body.truncate,
+            function_to_apply=body.function_to_apply,
         )
         outcome = await _service(request).classify(task_input, model=body.model, timeout_s=_timeout(request))
         _respond(response, outcome)

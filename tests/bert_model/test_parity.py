@@ -19,6 +19,7 @@ from bert_model.heads import (
 )
 from bert_model.modeling import BertModel
 from bert_model.registry import minilm_path
+from bert_model.tasks.classification import classification_scores, default_score_function
 from bert_model.tokenization import BertTokenizer
 from tests.bert_model.real_text import conll_sentences, squad_pairs, sst2_sentences
 
@@ -172,6 +173,48 @@ def test_sequence_classification_loss_matches_hf_for_every_problem_type(
         loss = ours(**tiny_batch(), labels=targets).loss
     assert loss is not None
     torch.testing.assert_close(loss, expected, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+@pytest.mark.parametrize(
+    ("problem_type", "labels"),
+    [
+        ("single_label_classification", 3),
+        ("multi_label_classification", 3),
+        ("multi_label_classification", 1),
+        ("regression", 1),
+        ("regression", 3),
+        (None, 3),
+        (None, 1),
+    ],
+)
+def test_default_scores_match_the_hf_pipeline_for_every_problem_type(
+    problem_type: str | None, labels: int, data_dir: Path, tmp_path: Path
+) -> None:
+    """The service's scores for a model: `default_score_function` of its problem_type applied to our logits equals
+    what transformers' text-classification pipeline returns for the same checkpoint (function_to_apply unset)."""
+    torch.manual_seed(7)
+    hf_config = tiny_hf_config(labels)
+    hf_config.vocab_size, hf_config.problem_type = 30522, problem_type  # MiniLM's vocabulary: real tokenization
+    theirs = transformers.BertForSequenceClassification(hf_config).eval()
+    with torch.no_grad():
+        theirs.classifier.weight.mul_(30)  # scores away from 0.5 / 1/n, so that the function shows
+    theirs.save_pretrained(tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_path()))
+    pipe = transformers.pipeline("text-classification", model=theirs, tokenizer=tokenizer, device="cpu")
+    texts = sst2_sentences(data_dir, 4)
+    expected = pipe(texts, top_k=None)
+    ours = BertForSequenceClassification.from_pretrained(tmp_path).eval()
+    batch = BertTokenizer.from_pretrained("minilm")(texts)
+    with torch.no_grad():
+        logits = ours(**{name: torch.from_numpy(array) for name, array in batch.items()}).logits.numpy()
+    function = default_score_function(problem_type, labels)
+    assert function == {"regression": "none", "multi_label_classification": "sigmoid"}.get(
+        problem_type or "", "sigmoid" if labels == 1 else "softmax"
+    )
+    scores = classification_scores(logits, function)
+    for row, answer in zip(scores, expected, strict=True):
+        by_label = {item["label"]: item["score"] for item in answer}
+        assert by_label == pytest.approx({hf_config.id2label[i]: float(v) for i, v in enumerate(row)}, abs=1e-5)
 
 
 def test_masked_lm_loads_a_pretraining_checkpoint(tmp_path: Path) -> None:

@@ -67,7 +67,9 @@ def test_stored_settings_are_fitted_to_the_graph_as_the_guard_fits_them() -> Non
     assert served_task_settings("ner", ner, 512) == {"max_seq_length": 128, "stride": 32}
     assert served_task_settings("ner", ner, 64) == {"max_seq_length": 64, "stride": 15}
     classify = tiny_config().replace(extra={"bertserve": {"task": {"name": "classify", "max_seq_length": 128}}})
-    assert served_task_settings("classify", classify, 512) == {}  # the service reads no classify settings
+    assert served_task_settings("classify", classify, 512) == {}  # a classifier's window settings are not served
+    multi_label = classify.replace(problem_type="multi_label_classification")
+    assert served_task_settings("classify", multi_label, 512) == {"problem_type": "multi_label_classification"}
 
 
 def test_default_qa_model_settings_are_evaluate_s() -> None:

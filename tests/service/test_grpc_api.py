@@ -88,6 +88,9 @@ def test_recognize_matches_rest(channel: grpc.Channel, http: httpx.Client, enum:
     assert grpc_results == http.post("/ner", json={"inputs": texts, "aggregation_strategy": name}).json()
 
 
+FUNCTIONS = {pb.SCORE_FUNCTION_SOFTMAX: "softmax", pb.SCORE_FUNCTION_SIGMOID: "sigmoid", pb.SCORE_FUNCTION_NONE: "none"}
+
+
 def test_models_list(channel: grpc.Channel, http: httpx.Client) -> None:
     response = pb_grpc.ModelsStub(channel).List(pb.ListModelsRequest())
     listed = [
@@ -106,6 +109,7 @@ def test_models_list(channel: grpc.Channel, http: httpx.Client) -> None:
                 "rounds": m.variant_choice.rounds,
                 "seconds": m.variant_choice.seconds,
             },
+            "function_to_apply": FUNCTIONS.get(m.function_to_apply),
         }
         for m in response.models
     ]

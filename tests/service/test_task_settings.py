@@ -21,7 +21,7 @@ import pytest
 from bert_model.tasks.qa import qa_predictions
 from bert_model.tasks.spec import MANIFEST_FILE, BundleManifest
 from service.bundles import open_bundle
-from service.pipelines import NERInput, NERPipeline, QAInput, QAPipeline, make_pipeline
+from service.pipelines import ClassifyPipeline, NERInput, NERPipeline, QAInput, QAPipeline, make_pipeline
 from tests.service.server import ServerProcess, serving
 
 CAPACITY = 128  # the tiny graphs' max_position_embeddings
@@ -100,6 +100,18 @@ def test_an_old_manifest_without_task_settings_loads_and_serves_as_before(
     ner = make_pipeline(open_bundle(trained_ner))
     assert isinstance(ner, NERPipeline) and (ner.max_seq_length, ner.stride) == (32, 8)
     assert max(len(f) for f in ner.features(NERInput(texts=[CONTEXT]))) == 32
+
+
+def test_a_classifiers_score_function_follows_its_problem_type(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    source = tiny_bundles["classify"]  # two labels
+    functions = {}
+    for name, settings in (("old", None), ("multi", {"problem_type": "multi_label_classification"})):
+        pipeline = make_pipeline(open_bundle(rewrite(source, tmp_path / name, CAPACITY, settings)))
+        assert isinstance(pipeline, ClassifyPipeline)
+        functions[name] = pipeline.score_function
+    assert functions == {"old": "softmax", "multi": "sigmoid"}
+    with pytest.raises(ValueError, match="manifest task_settings: problem_type must be one of"):
+        make_pipeline(open_bundle(rewrite(source, tmp_path / "bad", CAPACITY, {"problem_type": "ordinal"})))
 
 
 def peaked_rows(features: list, answer_tokens: int) -> list[dict[str, np.ndarray]]:
