@@ -1,13 +1,16 @@
 """The generated bert.v1 modules, for the service (server) and the load tests (client).
 
 `make proto` writes them into the git-ignored `proto/gen/`; the images generate them at build. On a development
-checkout where they are missing but grpcio-tools is installed, `load_stubs()` generates them with the same protoc
-call, so `bertserve serve`, the load tests and the tests never depend on a forgotten step.
+checkout where they are missing, or older than the .proto (a pull changed the contract), and grpcio-tools is
+installed, `load_stubs()` generates them with the same protoc call, so `bertserve serve`, the load tests and the
+tests never run on a forgotten or stale step. Without grpcio-tools (the serving image) the modules are used as
+they are.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
@@ -37,8 +40,25 @@ def generate(repo_root: Path = REPO) -> None:
         raise RuntimeError(f"protoc failed with exit code {code} on {PROTO_FILE}: run `make proto` to see why")
 
 
+GENERATED = ("proto/gen/bert/v1/bert_pb2.py", "proto/gen/bert/v1/bert_pb2_grpc.py")
+
+
+def stale(repo_root: Path = REPO) -> bool:
+    """Whether a generated module is missing or older than the .proto it was generated from."""
+    source = (repo_root / PROTO_FILE).stat().st_mtime
+    paths = [repo_root / name for name in GENERATED]
+    return any(not path.is_file() or path.stat().st_mtime < source for path in paths)
+
+
+def _can_generate() -> bool:
+    return importlib.util.find_spec("grpc_tools") is not None
+
+
 def load_stubs() -> tuple[ModuleType, ModuleType]:
-    """(bert_pb2, bert_pb2_grpc) of package bert.v1, generated first when they are missing."""
+    """(bert_pb2, bert_pb2_grpc) of package bert.v1, generated first when they are missing or stale."""
+    if (REPO / PROTO_FILE).is_file() and stale() and _can_generate():
+        generate()
+        importlib.invalidate_caches()
     try:
         from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
     except ImportError:
