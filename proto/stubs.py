@@ -50,19 +50,20 @@ def stale(repo_root: Path = REPO) -> bool:
     return any(not path.is_file() or path.stat().st_mtime < source for path in paths)
 
 
-def _can_generate() -> bool:
-    return importlib.util.find_spec("grpc_tools") is not None
+def ensure_generated(repo_root: Path = REPO) -> None:
+    """Generate the modules when they are missing (grpcio-tools required: else a RuntimeError says to run
+    `make proto`) or older than the .proto (when grpcio-tools is installed; else they are used as they are)."""
+    if not (repo_root / PROTO_FILE).is_file() or not stale(repo_root):
+        return  # an image that carries only the generated modules, or modules newer than the contract
+    missing = not all((repo_root / name).is_file() for name in GENERATED)
+    if missing or importlib.util.find_spec("grpc_tools") is not None:
+        generate(repo_root)
+        importlib.invalidate_caches()
 
 
 def load_stubs() -> tuple[ModuleType, ModuleType]:
     """(bert_pb2, bert_pb2_grpc) of package bert.v1, generated first when they are missing or stale."""
-    if (REPO / PROTO_FILE).is_file() and stale() and _can_generate():
-        generate()
-        importlib.invalidate_caches()
-    try:
-        from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
-    except ImportError:
-        generate()
-        importlib.invalidate_caches()
-        from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
+    ensure_generated()
+    from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
+
     return bert_pb2, bert_pb2_grpc

@@ -1,17 +1,13 @@
 """The generated bert.v1 modules, imported by name so that type checkers see their `.pyi` stubs; generated first
-(`proto.stubs.generate`, the same protoc call as `make proto`) when a development checkout lacks them."""
+(`proto.stubs.ensure_generated`, the same protoc call as `make proto`) when a development checkout lacks them or
+they are older than the .proto."""
 
 from __future__ import annotations
 
-import importlib
+from proto.stubs import ensure_generated
 
-try:
-    from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
-except ImportError:  # not generated yet: do what `make proto` does
-    from proto.stubs import generate
+ensure_generated()
 
-    generate()
-    importlib.invalidate_caches()
-    from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc
+from proto.gen.bert.v1 import bert_pb2, bert_pb2_grpc  # noqa: E402  (generated just above when needed)
 
 __all__ = ["bert_pb2", "bert_pb2_grpc"]
