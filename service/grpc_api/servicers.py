@@ -38,6 +38,8 @@ SCORE_FUNCTIONS = {
     pb.SCORE_FUNCTION_NONE: "none",
 }
 """ScoreFunction -> the task input's `function_to_apply` (unspecified: the model's own)."""
+SCORE_FUNCTION_VALUES = {name: value for value, name in SCORE_FUNCTIONS.items()}
+"""A model's `function_to_apply` -> its ScoreFunction (Models.List)."""
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
@@ -197,10 +199,9 @@ def _model_info(info: dict[str, Any]) -> Any:
     """A `describe()` dict as ModelInfo (the variant choice's nested maps become messages)."""
     choice = info["variant_choice"]
     timings = {name: pb.ShapeTimings(ms=shapes) for name, shapes in choice.get("timings_ms", {}).items()}
-    function = {name: value for value, name in SCORE_FUNCTIONS.items()}.get(info["function_to_apply"])
     return pb.ModelInfo(
         **{key: value for key, value in info.items() if key not in ("variant_choice", "function_to_apply")},
-        function_to_apply=function or pb.SCORE_FUNCTION_UNSPECIFIED,
+        function_to_apply=SCORE_FUNCTION_VALUES.get(info["function_to_apply"], pb.SCORE_FUNCTION_UNSPECIFIED),
         variant_choice=pb.VariantChoice(
             auto=choice["auto"],
             timings_ms=timings,
