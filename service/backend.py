@@ -21,6 +21,8 @@ class Backend(Protocol):
     """The bundle variant it runs (cpu-int8, gpu-fp16, ...) or the Triton model name."""
     batches_itself: bool
     """True when the backend does its own dynamic batching (our batcher then passes requests through)."""
+    width_multiple: int
+    """Batches are padded to their longest row rounded up to a multiple of this (1 = the longest row)."""
 
     @property
     def concurrency(self) -> int:

@@ -4,7 +4,9 @@ One `Batcher` per loaded model. A request hands in its features (token sequences
 of a long QA context) and awaits one output row per feature. A batch closes when it holds `max_batch_size`
 features, when its padded size (rows x longest row) would pass `max_batch_tokens`, or when its oldest feature has
 waited `max_wait_s`. Batches are cut around the oldest feature from the length-sorted queue (or its `window` oldest
-features), so padding stays small and nobody starves. The queue is bounded: a request that does not fit is rejected
+features), so padding stays small and nobody starves. The padded width is the longest row rounded up to the
+backend's `width_multiple` (OpenVINO's CPU kernels run widths that are multiples of 16 faster than the widths just
+below them), never past the graph's longest input. The queue is bounded: a request that does not fit is rejected
 at once (`Overloaded`). Requests whose deadline passed (or whose caller went away) are dropped before compute. A
 backend failure fails only the requests of its batch, and outputs are checked to have one row per input row. With
 `passthrough` (the backend batches itself, e.g. Triton's dynamic batcher) every request goes straight to the
@@ -78,9 +80,14 @@ class BatchConfig:
     passthrough: bool = False
     """Send each request as its own call at once (the backend batches)."""
     pad_id: int = 0
+    width_multiple: int = 1
+    """A batch is padded to its longest row rounded up to a multiple of this (1 = the longest row): the backend's
+    preference (`Backend.width_multiple`)."""
+    max_width: int | None = None
+    """The graph's longest input: rounding up never pads past it (None = no cap)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_batch_tokens", "max_queue", "max_concurrency"):
+        for name in ("max_batch_size", "max_batch_tokens", "max_queue", "max_concurrency", "width_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_wait_s < 0:
@@ -330,7 +337,7 @@ class Batcher:
         if len(self._pending) >= self.config.max_batch_size:
             return True
         longest = max(item.length for item in self._pending)
-        return len(self._pending) * longest >= self.config.max_batch_tokens
+        return len(self._pending) * self._width(longest) >= self.config.max_batch_tokens
 
     def _drop_dead(self, now: float) -> None:
         """Remove features of requests that expired or were abandoned, before any compute is spent."""
@@ -394,10 +401,11 @@ class Batcher:
         return None
 
     def _fits(self, rows: int, longest: int, real: int) -> bool:
-        padded = rows * longest
-        if padded > self.config.max_batch_tokens:
+        if rows * self._width(longest) > self.config.max_batch_tokens:
             return False
-        return self.config.max_padding is None or padded <= (1 + self.config.max_padding) * real
+        # the padding limit judges the rows' lengths against each other; rounding the width up is the backend's
+        # choice and is paid by a batch of one as well
+        return self.config.max_padding is None or rows * longest <= (1 + self.config.max_padding) * real
 
     # ---- running a batch --------------------------------------------------------------------------
     async def _execute(self, batch: list[_Item], alone: bool = False) -> None:
@@ -434,8 +442,17 @@ class Batcher:
             self._observer.batch_done(self.model, len(batch), tokens, padded, elapsed, alone=run is self._run_alone)
         self._deliver(batch, outputs, elapsed)
 
+    def _width(self, longest: int) -> int:
+        """The padded width of a batch whose longest row is `longest`: rounded up to `width_multiple`, within
+        `max_width` (never below `longest`)."""
+        multiple = self.config.width_multiple
+        width = -(-longest // multiple) * multiple
+        if self.config.max_width is not None:
+            width = min(width, max(self.config.max_width, longest))
+        return width
+
     def _pad(self, batch: list[_Item]) -> dict[str, np.ndarray]:
-        width = max(item.length for item in batch)
+        width = self._width(max(item.length for item in batch))
         input_ids = np.full((len(batch), width), self.config.pad_id, dtype=np.int64)
         attention_mask = np.zeros((len(batch), width), dtype=np.int64)
         token_type_ids = np.zeros((len(batch), width), dtype=np.int64)

@@ -202,6 +202,8 @@ class InferenceService:
             max_concurrency=settings.max_concurrent_batches or backend.concurrency,
             passthrough=backend.batches_itself,
             pad_id=bundle.tokenizer.pad_id,
+            width_multiple=settings.pad_multiple or backend.width_multiple,
+            max_width=bundle.manifest.max_seq_length,
         )
         batcher = Batcher(
             bundle.name,

@@ -80,6 +80,12 @@ class ServiceSettings(BaseSettings):
         "how often a request is passed over for later ones closer in length (the p99), at a little more padding. At "
         "least max_batch_size; max_queue or more = the whole queue.",
     )
+    pad_multiple: int | None = Field(
+        default=None,
+        ge=1,
+        description="Pad each batch to its longest sequence rounded up to a multiple of N (unset = the backend's "
+        "choice: 16 for OpenVINO variants, whose kernels run such widths faster; 1, the longest sequence, else).",
+    )
     max_queue: int = Field(default=512, ge=1, description="Features waiting per model; beyond it requests get 429.")
     max_concurrent_batches: int | None = Field(
         default=None,

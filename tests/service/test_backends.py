@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +170,59 @@ def test_a_lone_batch_runs_on_the_latency_copy_and_others_on_streams(
     assert without == [0, 0, 0, 2]
     for left, right in zip(answers, plain, strict=True):
         np.testing.assert_allclose(left["logits"], right["logits"], atol=1e-5)
+
+
+def test_openvino_batches_are_padded_to_multiples_of_16_with_unchanged_answers(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """An OpenVINO variant asks for widths that are multiples of 16, ONNX Runtime for the longest row; through the
+    batcher, the NER model's per-token logits of rows of 9 and 23 tokens, padded to 32, equal those padded to 23."""
+    pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
+    from service.batcher import BatchConfig, Batcher
+
+    folder = _with_openvino_variant(tiny_bundles["ner"], tmp_path)
+    bundle = BundleManifest.read(folder)
+    rng = np.random.default_rng(2)
+
+    @dataclass
+    class Feature:
+        input_ids: list[int]
+        token_type_ids: list[int]
+
+    features = [Feature(list(rng.integers(1000, 5000, size=n)), [0] * n) for n in (9, 23)]
+
+    async def run(variant: str, multiple: int | None) -> tuple[int, list[tuple[int, int]], list[np.ndarray]]:
+        backend = OrtBackend(folder, bundle, variant=variant)
+        widths: list[tuple[int, int]] = []
+
+        async def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            widths.append(inputs["input_ids"].shape)
+            return await backend.infer(inputs)
+
+        config = BatchConfig(
+            max_batch_size=8,
+            width_multiple=multiple or backend.width_multiple,
+            max_width=bundle.max_seq_length,
+        )
+        batcher = Batcher("ner", infer, config, output_names=bundle.output_names, sequence_outputs=bundle.output_names)
+        await backend.start()
+        await batcher.start()
+        try:
+            result = await batcher.submit(features, time.perf_counter() + 30)
+            return backend.width_multiple, widths, [row["logits"] for row in result.outputs]
+        finally:
+            await batcher.close()
+            await backend.close()
+
+    multiple, widths, rounded = asyncio.run(run("openvino-fp32", None))
+    assert (multiple, widths) == (16, [(2, 32)])
+    _, widths, exact = asyncio.run(run("openvino-fp32", 1))
+    assert widths == [(2, 23)]
+    for row, (left, right) in enumerate(zip(rounded, exact, strict=True)):
+        assert left.shape[0] == len(features[row].input_ids)
+        np.testing.assert_allclose(left, right, atol=1e-4)
+    onnxruntime_multiple, widths, _ = asyncio.run(run("cpu-fp32", None))
+    assert (onnxruntime_multiple, widths) == (1, [(2, 23)])
 
 
 def test_onnx_runtime_variants_run_one_batch_at_a_time(tiny_bundles: dict[str, Path]) -> None:

@@ -279,6 +279,54 @@ def test_padding_limit_keeps_batches_tight() -> None:
     assert sorted(backend.calls) == [(4, 42), (5, 12)]  # short and long rows never share a batch
 
 
+def test_width_is_rounded_up_to_the_backends_multiple_within_the_graph_length() -> None:
+    """Rows of 5..24 tokens padded to multiples of 16, rows near the graph's 40 tokens to 40 (not 48); every
+    request's outputs equal those of an unpadded call, trimmed to its own tokens."""
+    lengths = [5, 16, 17, 24, 33, 39, 40]
+
+    async def go(multiple: int) -> tuple[list, FakeBackend]:
+        backend = FakeBackend()
+        batcher = make(backend, max_batch_size=1, max_wait_s=0, width_multiple=multiple, max_width=40)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        results = [await batcher.submit([feat(n, i)], deadline) for i, n in enumerate(lengths)]
+        await batcher.close()
+        return [r.outputs[0] for r in results], backend
+
+    rounded, rounded_backend = run(go(16))
+    exact, exact_backend = run(go(1))
+    assert [width for _, width in rounded_backend.calls] == [16, 16, 32, 32, 40, 40, 40]
+    assert [width for _, width in exact_backend.calls] == lengths
+    for a, b, n in zip(rounded, exact, lengths, strict=True):
+        np.testing.assert_array_equal(a["logits"], b["logits"])
+        np.testing.assert_array_equal(a["tokens"], b["tokens"])
+        assert a["tokens"].shape[0] == n
+
+
+def test_rounded_width_counts_against_the_token_budget_but_not_the_padding_limit() -> None:
+    """Four rows of 17 tokens under a budget of 80 tokens: unrounded they fit one call (4 x 17 = 68), rounded to 32
+    only two do (3 x 32 = 96); the padding limit of 0 still lets equal rows share a call (rounding is not their
+    padding)."""
+
+    async def go(**config: object) -> FakeBackend:
+        backend = FakeBackend(delay=0.02)
+        batcher = make(backend, **{"max_batch_size": 8, "max_wait_s": 0.01, "width_multiple": 16, **config})
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        await asyncio.gather(*(batcher.submit([feat(17, i)], deadline) for i in range(4)))
+        await batcher.close()
+        return backend
+
+    assert sorted(run(go(max_batch_tokens=80)).calls) == [(2, 32), (2, 32)]
+    assert run(go(max_batch_tokens=80, width_multiple=1)).calls == [(4, 17)]
+    assert run(go(max_padding=0.0)).calls == [(4, 32)]
+
+
+def test_width_multiple_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="width_multiple"):
+        BatchConfig(width_multiple=0)
+
+
 def test_requests_queued_at_close_and_after_it_get_not_ready() -> None:
     """A stop finishes the running batch; what still waits, and what comes after, hear 'shutting down'
     (NotReady: HTTP 503 / gRPC UNAVAILABLE), not an internal error."""

@@ -22,6 +22,7 @@ class SpyBackend:
     kind = "spy"
     variant = "spy"
     batches_itself = False
+    width_multiple = 1
     concurrency = 1
 
     def __init__(self) -> None:
