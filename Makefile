@@ -75,6 +75,13 @@ $(TRITON_STAMP):
 bench-service: install proto
 	flock /tmp/bertserve-cpu.lock $(PY) -m service.bench $(BENCH_ARGS)
 
+# Real batches padded to multiples of 1 / 8 / 16 / 32, per CPU variant of minilm-sst2 and minilm-squad
+# (artifacts/bench/widths-<bundle>.{json,md}); needs the bundles (make bundles) and the data sets.
+.PHONY: bench-widths
+bench-widths: install
+	$(CPU_LOCK) $(PY) -m service.width_bench $(BUNDLES_DIR)/minilm-sst2 --data $(SST2_DEV) $(BENCH_ARGS)
+	$(CPU_LOCK) $(PY) -m service.width_bench $(BUNDLES_DIR)/minilm-squad --data $(SQUAD_DEV) $(BENCH_ARGS)
+
 # ---- playground -------------------------------------------------------------------------------------------
 .PHONY: browser-deps playground-screenshots
 # Debian's chromium + chromedriver for the playground's browser test (selenium, from the dev extra, drives this

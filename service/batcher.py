@@ -58,6 +58,15 @@ class BatchObserver(Protocol):
     def rejected(self, model: str, reason: str) -> None: ...
 
 
+def padded_width(longest: int, multiple: int = 1, max_width: int | None = None) -> int:
+    """The padded width of a batch whose longest row is `longest`: rounded up to `multiple`, within `max_width`
+    (never below `longest`)."""
+    width = -(-longest // multiple) * multiple
+    if max_width is not None:
+        width = min(width, max(max_width, longest))
+    return width
+
+
 @dataclass
 class BatchConfig:
     """How one model's batcher closes batches and bounds its queue."""
@@ -443,13 +452,7 @@ class Batcher:
         self._deliver(batch, outputs, elapsed)
 
     def _width(self, longest: int) -> int:
-        """The padded width of a batch whose longest row is `longest`: rounded up to `width_multiple`, within
-        `max_width` (never below `longest`)."""
-        multiple = self.config.width_multiple
-        width = -(-longest // multiple) * multiple
-        if self.config.max_width is not None:
-            width = min(width, max(self.config.max_width, longest))
-        return width
+        return padded_width(longest, self.config.width_multiple, self.config.max_width)
 
     def _pad(self, batch: list[_Item]) -> dict[str, np.ndarray]:
         width = self._width(max(item.length for item in batch))

@@ -134,10 +134,10 @@ def _rank(precision: str) -> int:
 
 
 OPENVINO_WIDTH_MULTIPLE = 16
-"""Batch width multiple for OpenVINO variants. Its CPU kernels run a width that is a multiple of 16 faster than
-the widths just below it (minilm-sst2 b8: width 31 19.2 ms, 32 14.1 ms; 63 36.1 ms, 64 24.5 ms), so padding up
-to the next multiple pays: 1.04-1.15x on batches of real SST-2 and SQuAD inputs (README, "Serving"). ONNX
-Runtime's CPU kernels pay for every padded column (0.83-0.90x), so its variants pad to the longest row."""
+"""Batch width multiple for OpenVINO variants: its CPU kernels run a width that is a multiple of 16 faster than the
+widths just below it, so padding up to the next multiple pays (1.09-1.14x on batches of real SST-2 sentences, about
+even on QA windows: `python -m service.width_bench`, README "Batch widths"). ONNX Runtime's CPU kernels pay for
+every padded column, so its variants pad to the longest row."""
 
 
 class OrtBackend:
