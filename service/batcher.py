@@ -2,7 +2,7 @@
 
 One `Batcher` per loaded model. A request hands in its features (token sequences: one per text, or one per window
 of a long QA context) and awaits one output row per feature. A batch closes when it holds `max_batch_size`
-features, when its padded size (rows x longest row) would pass `max_batch_tokens`, or when its oldest feature has
+features, when its padded size (rows x padded width) would pass `max_batch_tokens`, or when its oldest feature has
 waited `max_wait_s`. Batches are cut around the oldest feature from the length-sorted queue (or its `window` oldest
 features), so padding stays small and nobody starves. The padded width is the longest row rounded up to the
 backend's `width_multiple` (OpenVINO's CPU kernels run widths that are multiples of 16 faster than the widths just

@@ -44,7 +44,7 @@ class TritonBackend:
         self.model_name = model_name
         self.variant = f"triton:{model_name}"
         self.batches_itself = batches_itself
-        self.width_multiple = 1  # Triton pads its own batches
+        self.width_multiple = 1  # requests go to Triton padded to their longest row
         self.concurrency = 1
         self.output_names = list(manifest.output_names)
         self._timeout = timeout_s

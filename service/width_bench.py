@@ -25,13 +25,13 @@ import json
 import random
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bert_model.hardware import read_cpu_info
+from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.readers import read_conll, read_squad, read_text_dataset
 from bert_model.tasks.runtimes import CPU_PROVIDER, OPENVINO_PROVIDER, openvino_available
 from service.batcher import padded_width
@@ -44,15 +44,7 @@ MULTIPLES = (1, 8, 16, 32)
 TASKS = ("classify", "qa", "ner")
 
 
-@dataclass(frozen=True)
-class Row:
-    """One feature: its token ids and segment ids."""
-
-    input_ids: list[int]
-    token_type_ids: list[int]
-
-
-def read_features(bundle: ServingBundle, data: Path, limit: int) -> list[Row]:
+def read_features(bundle: ServingBundle, data: Path, limit: int) -> list[Feature]:
     """The data file's first `limit` examples as the service's features (one per text, or per QA window)."""
     pipeline = make_pipeline(bundle)
     task = bundle.task
@@ -71,30 +63,18 @@ def read_features(bundle: ServingBundle, data: Path, limit: int) -> list[Row]:
         request = NERInput(texts=[" ".join(sentence.words) for sentence in read_conll(data)[:limit]])
     else:
         raise ValueError(f"{bundle.path} is a {task!r} bundle; the width benchmark runs {', '.join(TASKS)} bundles")
-    return [Row(list(feature.input_ids), list(feature.token_type_ids)) for feature in pipeline.features(request)]
+    return pipeline.features(request)
 
 
-def cut_batches(features: list[Row], batch_size: int, group: int, seed: int) -> list[list[Row]]:
+def cut_batches(features: list[Feature], batch_size: int, group: int, seed: int) -> list[list[Feature]]:
     """Shuffle, then sort each group of `group` features by length and cut it into batches of `batch_size`."""
     order = list(features)
     random.Random(seed).shuffle(order)
     batches = []
     for start in range(0, len(order), group):
-        chunk = sorted(order[start : start + group], key=lambda row: len(row.input_ids))
+        chunk = sorted(order[start : start + group], key=len)
         batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     return batches
-
-
-def pad(batch: list[Row], width: int, pad_id: int) -> dict[str, np.ndarray]:
-    input_ids = np.full((len(batch), width), pad_id, dtype=np.int64)
-    attention_mask = np.zeros((len(batch), width), dtype=np.int64)
-    token_type_ids = np.zeros((len(batch), width), dtype=np.int64)
-    for index, row in enumerate(batch):
-        length = len(row.input_ids)
-        input_ids[index, :length] = row.input_ids
-        attention_mask[index, :length] = 1
-        token_type_ids[index, :length] = row.token_type_ids
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
 
 
 def cpu_variants(bundle: ServingBundle) -> list[str]:
@@ -149,14 +129,10 @@ def run(
         raise ValueError(f"{data} gave no inputs")
     batches = cut_batches(features, batch_size, group, seed)
     pad_id = bundle.tokenizer.pad_id
+    max_width = bundle.manifest.max_seq_length
     feeds = {
         multiple: [
-            pad(
-                batch,
-                padded_width(max(len(row.input_ids) for row in batch), multiple, bundle.manifest.max_seq_length),
-                pad_id,
-            )
-            for batch in batches
+            collate(batch, pad_id, pad_to=padded_width(max(map(len, batch)), multiple, max_width)) for batch in batches
         ]
         for multiple in multiples
     }
@@ -177,7 +153,7 @@ def run(
         "task": bundle.task,
         "data": str(data),
         "features": len(features),
-        "real_tokens": sum(len(row.input_ids) for row in features),
+        "real_tokens": sum(map(len, features)),
         "batches": len(batches),
         "batch_size": batch_size,
         "group": group,

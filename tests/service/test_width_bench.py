@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from bert_model.tasks.features import Feature
 from service.bundles import open_bundle
-from service.width_bench import Row, cut_batches, main, read_features
+from service.width_bench import cut_batches, main, read_features
 
 SENTENCES = [
     "a gripping , beautifully acted film",
@@ -38,12 +39,12 @@ def _with_openvino_variant(bundle: Path, tmp_path: Path) -> Path:
 
 
 def test_batches_are_length_sorted_groups_cut_in_order() -> None:
-    rows = [Row([1] * length, [0] * length) for length in (5, 9, 3, 7, 8, 2, 6, 4, 1)]
+    rows = [Feature(0, [1] * length, [0] * length) for length in (5, 9, 3, 7, 8, 2, 6, 4, 1)]
     batches = cut_batches(rows, batch_size=2, group=4, seed=0)
-    assert sorted(len(row.input_ids) for batch in batches for row in batch) == list(range(1, 10))
+    assert sorted(len(row) for batch in batches for row in batch) == list(range(1, 10))
     assert [len(batch) for batch in batches] == [2, 2, 2, 2, 1]
     for first, second in zip(batches[0::2], batches[1::2], strict=False):  # one group of 4 = two batches
-        lengths = [len(row.input_ids) for row in first + second]
+        lengths = [len(row) for row in first + second]
         assert lengths == sorted(lengths)
 
 
@@ -66,7 +67,7 @@ def test_report_pads_every_batch_to_each_multiple(tiny_bundles: dict[str, Path],
         assert by_multiple["1"]["vs_longest_row"] == 1.0
         for multiple, figures in by_multiple.items():
             m = int(multiple)
-            expected = sum(len(b) * min(-(-max(len(r.input_ids) for r in b) // m) * m, 64) for b in batches)
+            expected = sum(len(b) * min(-(-max(map(len, b)) // m) * m, 64) for b in batches)
             assert figures["padded_tokens"] == expected
             assert figures["median_ms_per_batch"] > 0
         assert f"| {variant} |" in markdown
@@ -82,7 +83,7 @@ def test_qa_features_are_the_models_windows(tiny_bundles: dict[str, Path], tmp_p
     path.write_text(json.dumps(squad))
     rows = read_features(open_bundle(tiny_bundles["qa"]), path, 10)
     assert len(rows) > 1  # a context longer than one 64-token window
-    assert all(len(row.input_ids) <= 64 for row in rows)
+    assert all(len(row) <= 64 for row in rows)
 
 
 @pytest.mark.parametrize(
