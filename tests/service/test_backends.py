@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 from bert_model.tasks.spec import BundleManifest, VariantSpec
 from service import ort_backend
 from service.ort_backend import OrtBackend, choose_variant
+from tests.service.tiny_bundles import with_openvino_variant
 
 
 def manifest(variants: dict[str, tuple[str, str]], defaults: dict[str, str]) -> BundleManifest:
@@ -63,22 +63,10 @@ def test_variant_choice_follows_hardware_and_runtimes(monkeypatch: pytest.Monkey
         choose_variant(gpu_only)
 
 
-def _with_openvino_variant(bundle: Path, tmp_path: Path) -> Path:
-    """A copy of a tiny bundle whose ONNX graph is also declared as an OpenVINO variant."""
-    import shutil
-
-    copy = tmp_path / bundle.name
-    shutil.copytree(bundle, copy)
-    data = json.loads((copy / "manifest.json").read_text())
-    data["variants"]["openvino-fp32"] = {"file": "cpu-fp32.onnx", "provider": "OpenVINO", "precision": "fp32"}
-    (copy / "manifest.json").write_text(json.dumps(data))
-    return copy
-
-
 @pytest.mark.parametrize("task", ["classify", "ner"])
 def test_openvino_and_onnxruntime_agree(tiny_bundles: dict[str, Path], tmp_path: Path, task: str) -> None:
     pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
-    folder = _with_openvino_variant(tiny_bundles[task], tmp_path)
+    folder = with_openvino_variant(tiny_bundles[task], tmp_path)
     bundle = BundleManifest.read(folder)
     rng = np.random.default_rng(0)
     ids = rng.integers(1000, 5000, size=(3, 17)).astype(np.int64)
@@ -103,7 +91,7 @@ def test_openvino_streams_give_the_same_answers(tiny_bundles: dict[str, Path], t
     """--openvino-streams 2: the compiled model has two streams, and two calls in flight (two worker threads,
     one infer request each) give the answers one stream gives."""
     pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
-    folder = _with_openvino_variant(tiny_bundles["classify"], tmp_path)
+    folder = with_openvino_variant(tiny_bundles["classify"], tmp_path)
     bundle = BundleManifest.read(folder)
     rng = np.random.default_rng(1)
     feeds = []
@@ -133,7 +121,7 @@ def test_a_lone_batch_runs_on_the_latency_copy_and_others_on_streams(
     calls that start while it runs wait for it and then share the streams; `infer_alone` while a stream call runs
     and plain `infer` take a stream; every answer equals the copy-less backend's."""
     pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
-    folder = _with_openvino_variant(tiny_bundles["classify"], tmp_path)
+    folder = with_openvino_variant(tiny_bundles["classify"], tmp_path)
     bundle = BundleManifest.read(folder)
     rng = np.random.default_rng(2)
     feeds = []
@@ -180,7 +168,7 @@ def test_openvino_batches_are_padded_to_multiples_of_16_with_unchanged_answers(
     pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
     from service.batcher import BatchConfig, Batcher
 
-    folder = _with_openvino_variant(tiny_bundles["ner"], tmp_path)
+    folder = with_openvino_variant(tiny_bundles["ner"], tmp_path)
     bundle = BundleManifest.read(folder)
     rng = np.random.default_rng(2)
 

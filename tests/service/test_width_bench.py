@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from bert_model.tasks.features import Feature
 from service.bundles import open_bundle
 from service.width_bench import cut_batches, main, read_features
+from tests.service.tiny_bundles import with_openvino_variant
 
 SENTENCES = [
     "a gripping , beautifully acted film",
@@ -29,15 +29,6 @@ def _data(tmp_path: Path, count: int = 30) -> Path:
     return path
 
 
-def _with_openvino_variant(bundle: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / bundle.name
-    shutil.copytree(bundle, copy)
-    data = json.loads((copy / "manifest.json").read_text())
-    data["variants"]["openvino-fp32"] = {"file": "cpu-fp32.onnx", "provider": "OpenVINO", "precision": "fp32"}
-    (copy / "manifest.json").write_text(json.dumps(data))
-    return copy
-
-
 def test_batches_are_length_sorted_groups_cut_in_order() -> None:
     rows = [Feature(0, [1] * length, [0] * length) for length in (5, 9, 3, 7, 8, 2, 6, 4, 1)]
     batches = cut_batches(rows, batch_size=2, group=4, seed=0)
@@ -51,7 +42,7 @@ def test_batches_are_length_sorted_groups_cut_in_order() -> None:
 def test_report_pads_every_batch_to_each_multiple(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
     """Padded tokens per multiple equal the batches' rows x (longest row rounded up, at most the graph's 64)."""
     pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
-    folder = _with_openvino_variant(tiny_bundles["classify"], tmp_path)
+    folder = with_openvino_variant(tiny_bundles["classify"], tmp_path)
     data = _data(tmp_path)
     out = tmp_path / "out"
     code = main([str(folder), "--data", str(data), "--rounds", "1", "--limit", "24", "--group", "8", "--out", str(out)])

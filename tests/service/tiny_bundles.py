@@ -113,3 +113,16 @@ def build_all(out_dir: Path) -> dict[str, Path]:
 def build_encoders(out_dir: Path) -> dict[str, Path]:
     """The embed and fill-mask bundles (task -> folder)."""
     return {task: build_tiny_bundle(out_dir, task) for task in ENCODER_TASK_NAMES}
+
+
+def with_openvino_variant(bundle: Path, out_dir: Path) -> Path:
+    """A copy of a tiny bundle in `out_dir` whose ONNX graph is also declared as an OpenVINO variant."""
+    import json
+    import shutil
+
+    copy = out_dir / bundle.name
+    shutil.copytree(bundle, copy)
+    data = json.loads((copy / "manifest.json").read_text())
+    data["variants"]["openvino-fp32"] = {"file": "cpu-fp32.onnx", "provider": "OpenVINO", "precision": "fp32"}
+    (copy / "manifest.json").write_text(json.dumps(data))
+    return copy
