@@ -35,7 +35,6 @@ from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.readers import read_conll, read_squad, read_text_dataset
 from bert_model.tasks.runtimes import CPU_PROVIDER, OPENVINO_PROVIDER, openvino_available
 from service.batcher import padded_width
-from service.bench import machine_summary
 from service.bundles import ServingBundle, open_bundle
 from service.ort_backend import OrtBackend
 from service.pipelines import ClassifyInput, NERInput, QAInput, make_pipeline
@@ -136,6 +135,7 @@ def run(
         ]
         for multiple in multiples
     }
+    cpu = read_cpu_info()
     results = {}
     for variant in chosen:
         passes = asyncio.run(time_variant(bundle, variant, feeds, rounds, threads))
@@ -159,7 +159,8 @@ def run(
         "group": group,
         "rounds": rounds,
         "threads": threads,
-        "cpu": read_cpu_info().describe(),
+        "machine": cpu.summary(),
+        "cpu": cpu.describe(),
         "results": results,
     }
 
@@ -172,7 +173,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"at most {report['batch_size']} (length-sorted groups of {report['group']}), {report['threads']} threads, "
         f"median of {report['rounds']} interleaved rounds",
         "",
-        f"Machine: {machine_summary(report.get('cpu', {}))}",
+        f"Machine: {report['machine']}",
         "",
         "| variant | " + " | ".join(f"×{m}: ms / batch (vs ×1)" for m in multiples) + " |",
         "|---|" + "---:|" * len(multiples),
