@@ -13,8 +13,8 @@ the batcher cuts its length-sorted queue under load. Each variant is loaded as t
 turns in interleaved rounds (order reversed every other round); per multiple the median pass over `--rounds`
 rounds, and its ratio to multiple 1 (the longest row) from the same rounds. Torch-free.
 Results: a JSON file and a Markdown table (default artifacts/bench/widths-<bundle>.{json,md}) naming the machine.
-Data: classify a classification file (TSV / CSV / JSONL with a text column, or one text per line), qa SQuAD JSON,
-ner a CoNLL file (its words joined by spaces).
+Data: classify a classification file (TSV / CSV / JSONL with a text column, or `.txt`: one text per line), qa
+SQuAD JSON, ner a CoNLL file (its words joined by spaces).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from bert_model.tasks.readers import read_conll, read_squad, read_text_dataset
 from bert_model.tasks.runtimes import CPU_PROVIDER, OPENVINO_PROVIDER, openvino_available
 from service.batcher import padded_width
 from service.bundles import ServingBundle, open_bundle
+from service.errors import ServiceError
 from service.ort_backend import OrtBackend
 from service.pipelines import ClassifyInput, NERInput, QAInput, make_pipeline
 
@@ -48,7 +49,7 @@ def read_features(bundle: ServingBundle, data: Path, limit: int) -> list[Feature
     pipeline = make_pipeline(bundle)
     task = bundle.task
     if task == "classify":
-        if data.suffix in (".txt",):
+        if data.suffix == ".txt":
             texts = [line.strip() for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
             request: Any = ClassifyInput(texts=texts[:limit])
         else:
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds=args.rounds,
             threads=args.threads,
         )
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, ServiceError) as error:  # ServiceError: inputs the pipeline refuses
         print(f"error: {error}", file=sys.stderr)
         return 2
     text = markdown(report)
