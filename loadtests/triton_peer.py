@@ -35,6 +35,11 @@ from loadtests.targets import REPO, TRITON_PYTHON, triton_venv_problem
 
 ROUTES = {"/classify": "classify", "/qa": "qa", "/ner": "ner", "/embed": "embed", "/v1/embeddings": "embed"}
 READY_TIMEOUT_S = 300.0
+START_ATTEMPTS = 3
+"""Starts of Triton before giving up when it exits before it is ready. With two instances of a model, pytriton's
+second instance may connect to the first one's handshake socket after it is bound but before it listens
+(`ConnectionRefusedError` in `get_config_from_handshake_server`), and the model fails to load; a loaded machine
+widens that window. A new start draws the race again; a real error (a bad bundle) fails every attempt alike."""
 
 
 def _free_port() -> int:
@@ -66,7 +71,20 @@ class TritonProcess:
             self.command += ["--model", f"{task}={folder}"]
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+    def start(self, timeout_s: float = READY_TIMEOUT_S, attempts: int = START_ATTEMPTS) -> None:
+        """Start Triton and wait until every model is ready; start again (at most `attempts` starts in all) when it
+        exits before that (see START_ATTEMPTS)."""
+        for attempt in range(1, attempts + 1):
+            status = self._start_once(timeout_s)
+            if status is None:
+                return
+            message = f"Triton exited with status {status} before it was ready (start {attempt} of {attempts})"
+            if attempt == attempts:
+                raise RuntimeError(message)
+            print(f"{message}; starting it again", file=sys.stderr, flush=True)
+
+    def _start_once(self, timeout_s: float) -> int | None:
+        """None once Triton is ready, its exit status if it exits first; RuntimeError when time runs out."""
         # Triton's Python-backend stub links the system libpython, found through LD_LIBRARY_PATH
         library = str(sysconfig.get_config_var("LIBDIR"))
         env = {**os.environ, "PYTHONPATH": str(REPO), "LD_LIBRARY_PATH": library}
@@ -76,11 +94,12 @@ class TritonProcess:
         deadline = time.monotonic() + timeout_s
         while not self._ready():
             if self.process.poll() is not None:
-                raise RuntimeError(f"Triton exited with status {self.process.returncode} before it was ready")
+                return self.process.returncode
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"Triton did not become ready within {timeout_s:.0f} s (its log is above)")
             time.sleep(0.5)
+        return None
 
     def _ready(self) -> bool:
         """Triton's own readiness: the server and every model (a polled gRPC call; False while it starts)."""
