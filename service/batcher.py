@@ -27,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
+from bert_model.tasks.features import padded_width
 from service.errors import BackendError, DeadlineExceeded, InvalidInput, NotReady, Overloaded, ServiceError
 
 log = logging.getLogger(__name__)
@@ -56,15 +57,6 @@ class BatchObserver(Protocol):
     def depth(self, model: str, features: int) -> None: ...
 
     def rejected(self, model: str, reason: str) -> None: ...
-
-
-def padded_width(longest: int, multiple: int = 1, max_width: int | None = None) -> int:
-    """The padded width of a batch whose longest row is `longest`: rounded up to `multiple`, within `max_width`
-    (never below `longest`)."""
-    width = -(-longest // multiple) * multiple
-    if max_width is not None:
-        width = min(width, max(max_width, longest))
-    return width
 
 
 @dataclass

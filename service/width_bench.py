@@ -5,7 +5,7 @@
     make bench-widths             # both, under the shared CPU lock
 
 The batcher pads each batch to its longest sequence rounded up to the backend's `width_multiple`
-(`service.batcher.padded_width`); this measures what each multiple costs or saves, per variant. Inputs are the
+(`bert_model.tasks.features.padded_width`); this measures what each multiple costs or saves, per variant. Inputs are the
 data file's examples turned into features by the service's own pipeline (qa: the model's windows), in a seeded
 random order; every group of `--group` features is sorted by length and cut into batches of `--batch-size`, as
 the batcher cuts its length-sorted queue under load. Each variant is loaded as the service loads it
@@ -31,10 +31,9 @@ from typing import Any
 import numpy as np
 
 from bert_model.hardware import read_cpu_info
-from bert_model.tasks.features import Feature, collate
+from bert_model.tasks.features import Feature, collate, padded_width
 from bert_model.tasks.readers import read_conll, read_squad, read_text_dataset
 from bert_model.tasks.runtimes import CPU_PROVIDER, OPENVINO_PROVIDER, openvino_available
-from service.batcher import padded_width
 from service.bundles import ServingBundle, open_bundle
 from service.errors import ServiceError
 from service.ort_backend import OrtBackend

@@ -38,6 +38,15 @@ class Feature:
         return len(self.input_ids)
 
 
+def padded_width(longest: int, multiple: int = 1, max_width: int | None = None) -> int:
+    """The width a batch whose longest row is `longest` is padded to: rounded up to `multiple`, within `max_width`
+    (never below `longest`)."""
+    width = -(-longest // multiple) * multiple
+    if max_width is not None:
+        width = min(width, max(max_width, longest))
+    return width
+
+
 def collate(
     features: Sequence[Feature],
     pad_id: int = 0,
@@ -56,7 +65,7 @@ def collate(
     if width < longest:
         raise ValueError(f"pad_to={pad_to} is shorter than the longest feature ({longest} tokens)")
     if pad_to_multiple_of:
-        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+        width = padded_width(width, pad_to_multiple_of)
     input_ids = np.full((len(features), width), pad_id, dtype=np.int64)
     attention_mask = np.zeros((len(features), width), dtype=np.int64)
     token_type_ids = np.zeros((len(features), width), dtype=np.int64)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from bert_model.tasks.features import Feature
 from bert_model.tasks.spec import BundleManifest, VariantSpec
 from service import ort_backend
 from service.ort_backend import OrtBackend, choose_variant
@@ -172,12 +172,7 @@ def test_openvino_batches_are_padded_to_multiples_of_16_with_unchanged_answers(
     bundle = BundleManifest.read(folder)
     rng = np.random.default_rng(2)
 
-    @dataclass
-    class Feature:
-        input_ids: list[int]
-        token_type_ids: list[int]
-
-    features = [Feature(list(rng.integers(1000, 5000, size=n)), [0] * n) for n in (9, 23)]
+    features = [Feature(0, list(rng.integers(1000, 5000, size=n)), [0] * n) for n in (9, 23)]
 
     async def run(variant: str, multiple: int | None) -> tuple[int, list[tuple[int, int]], list[np.ndarray]]:
         backend = OrtBackend(folder, bundle, variant=variant)
