@@ -26,6 +26,12 @@ ABSENT = {
 """Packages of the other extras (dev, loadtest, train) that an image does not install: blocked too, so that the
 check run on the development venv (which has them all) fails where the image's build would."""
 
+
+def unimportable(image: str) -> tuple[str, ...]:
+    """What `check` blocks for `image`: the training-only packages and the ones the image does not install."""
+    return (*BLOCKED, *ABSENT[image])
+
+
 SKIPPED = {
     "service.bench": "a development benchmark (make bench-service) that needs the dev extra's httpx",
     "loadtests.naive_server": "the naive peer serves through transformers and torch on the host only",
@@ -50,7 +56,7 @@ def modules_of(name: str) -> list[str]:
 
 def check(image: str) -> list[str]:
     """Import the `bertserve` command (every subcommand registered) and the image's modules; the failures."""
-    for blocked in (*BLOCKED, *ABSENT[image]):
+    for blocked in unimportable(image):
         sys.modules[blocked] = None  # type: ignore[assignment]  # `import torch` now raises ImportError
     failures: list[str] = []
     try:
@@ -78,7 +84,7 @@ def main(argv: list[str]) -> int:
         print(f"usage: python docker/import_check.py {{{','.join(ENTRYPOINTS)}}}", file=sys.stderr)
         return 2
     failures = check(argv[1])
-    without = ", ".join((*BLOCKED, *ABSENT[argv[1]]))
+    without = ", ".join(unimportable(argv[1]))
     for failure in failures:
         print(f"import check ({argv[1]} image, without {without}) failed: {failure}", file=sys.stderr)
     if not failures:
