@@ -38,7 +38,7 @@ print('\n'.join(p['dependencies'] + o['train'] + o['openvino']))" > /tmp/require
 COPY bert_model/ bert_model/
 COPY export/ export/
 # The CPU image holds the variants it can serve; the GPU image adds gpu-fp16. The guards run on this CPU.
-RUN variants="${EXPORT_VARIANTS:-cpu-fp32,cpu-int8,openvino-int8,openvino-bf16}"; \
+RUN variants="${EXPORT_VARIANTS:-cpu-fp32,cpu-int8,openvino-int8,openvino-bf16,openvino-int8-static}"; \
     case "$ORT_PACKAGE" in *gpu*) [ -n "$EXPORT_VARIANTS" ] || variants="$variants,gpu-fp16";; esac; \
     for name in $DEFAULT_MODELS; do \
         python -m export export "$name" --out "/bundles/$name" --variants "$variants" || exit 1; \
