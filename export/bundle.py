@@ -40,7 +40,7 @@ from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, jud
 from export.sentence_layout import EmbeddingSettings, embedding_settings
 from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard, served_task_settings
 from export.variant_names import CPU_PREFERENCE, DEFAULT_VARIANTS
-from export.variants import RECIPES, Sources, parse_variants
+from export.variants import RECIPES, CannotBuild, Sources, parse_variants
 from export.wrapper import encoder_of, labels_of, load_task_model
 
 logger = logging.getLogger(__name__)
@@ -260,7 +260,12 @@ def _build_variants(
             logger.warning("variant %s skipped: %s", name, missing)
             continue
         path = scratch / recipe.file
-        recipe.build(sources, path)
+        try:
+            recipe.build(sources, path)
+        except CannotBuild as error:
+            refused[name] = f"skipped: {error}"
+            logger.warning("variant %s skipped: %s", name, error)
+            continue
         result = check_variant(recipe.name, path, guard, reference)
         if not result.passed:
             refused[name] = result.message

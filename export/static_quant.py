@@ -29,6 +29,16 @@ import onnx
 
 CALIBRATION_SIZE = 300
 """Calibration examples (NNCF's default subset size)."""
+MIN_CALIBRATION_SIZE = 100
+"""Fewest examples a static variant is calibrated on. Per-tensor activation ranges measured on a dozen texts (the
+built-in sentences an export without data falls back to) need not cover real inputs, and the guard, judging on
+those same texts, could not tell; such an export skips the variant and names the reason."""
+
+
+class TooFewCalibrationExamples(ValueError):
+    """The guard's inputs hold fewer than `MIN_CALIBRATION_SIZE` examples."""
+
+
 _LAYER = r"/model/bert/encoder/layer\.\d+/"
 KEPT_FLOAT: tuple[str, ...] = (
     _LAYER + r"attention/self/MatMul(_1)?$",
@@ -40,8 +50,11 @@ KEPT_FLOAT: tuple[str, ...] = (
 Feed = dict[str, np.ndarray]
 
 
-def calibration_samples(feeds: Sequence[Feed], limit: int = CALIBRATION_SIZE) -> list[Feed]:
-    """Up to `limit` single examples, evenly spaced over the batches `feeds`, each cut to its real length."""
+def calibration_samples(
+    feeds: Sequence[Feed], limit: int = CALIBRATION_SIZE, minimum: int = MIN_CALIBRATION_SIZE
+) -> list[Feed]:
+    """Up to `limit` single examples, evenly spaced over the batches `feeds`, each cut to its real length; raises
+    TooFewCalibrationExamples when the batches hold fewer than `minimum`."""
     if limit < 1:
         raise ValueError(f"the calibration limit must be a positive integer, got {limit!r}")
     examples: list[Feed] = []
@@ -51,6 +64,11 @@ def calibration_samples(feeds: Sequence[Feed], limit: int = CALIBRATION_SIZE) ->
             examples.append({name: values[row : row + 1, : int(length)] for name, values in feed.items()})
     if not examples:
         raise ValueError("static int8 quantization needs calibration inputs, and none were given")
+    if len(examples) < minimum:
+        raise TooFewCalibrationExamples(
+            f"static int8 is calibrated on at least {minimum} examples of the task's inputs, and the guard has "
+            f"{len(examples)}: give the task's data set (--data-dir or --eval-data) or --calibration FILE"
+        )
     picks = np.linspace(0, len(examples) - 1, min(limit, len(examples))).round().astype(int)
     return [examples[i] for i in dict.fromkeys(picks.tolist())]
 

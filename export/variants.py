@@ -98,10 +98,17 @@ def _weight_only_int8(sources: Sources, target: Path) -> None:
     weight_only_int8(sources.raw, target)
 
 
-def _static_int8(sources: Sources, target: Path) -> None:
-    from export.static_quant import static_int8
+class CannotBuild(Exception):
+    """A variant that cannot be built from this export's inputs: skipped with the reason, like a missing runtime."""
 
-    static_int8(sources.raw, target, sources.calibration)
+
+def _static_int8(sources: Sources, target: Path) -> None:
+    from export.static_quant import TooFewCalibrationExamples, static_int8
+
+    try:
+        static_int8(sources.raw, target, sources.calibration)
+    except TooFewCalibrationExamples as error:
+        raise CannotBuild(str(error)) from error
 
 
 def _fp16(sources: Sources, target: Path) -> None:

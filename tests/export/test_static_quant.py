@@ -13,7 +13,7 @@ from bert_model.tasks.spec import OUTPUT_NAMES, BundleManifest
 from export.bundle import build_bundle
 from export.parity import AccuracyGuardError
 from export.runtime import openvino_runner
-from export.static_quant import calibration_samples
+from export.static_quant import MIN_CALIBRATION_SIZE, TooFewCalibrationExamples, calibration_samples
 from export.variants import RECIPES
 
 NO_DATA = Path("/nonexistent")
@@ -27,24 +27,39 @@ def _batch(lengths: list[int], width: int) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
 
 
+def sst2_sentences(data_dir: Path, folder: Path, count: int = 120) -> Path:
+    """A `--calibration` file: the first `count` SST-2 dev-half-a sentences, one per line."""
+    lines = (data_dir / "sst2" / "dev.half-a.tsv").read_text(encoding="utf-8").splitlines()[1 : count + 1]
+    path = folder / "sst2-calibration.txt"
+    path.write_text("\n".join(line.split("\t")[0] for line in lines) + "\n", encoding="utf-8")
+    return path
+
+
 def test_calibration_samples_are_single_unpadded_examples_evenly_spaced() -> None:
     feeds = [_batch([3, 5], 5), _batch([2, 6, 4], 6)]
-    every = calibration_samples(feeds, limit=10)
+    every = calibration_samples(feeds, limit=10, minimum=1)
     assert [s["input_ids"].shape for s in every] == [(1, 3), (1, 5), (1, 2), (1, 6), (1, 4)]
     assert all(s["attention_mask"].all() for s in every)
-    assert [s["input_ids"].shape[1] for s in calibration_samples(feeds, limit=3)] == [3, 2, 4]
+    assert [s["input_ids"].shape[1] for s in calibration_samples(feeds, limit=3, minimum=1)] == [3, 2, 4]
 
 
-def test_calibration_needs_inputs_and_a_positive_limit() -> None:
+def test_calibration_needs_enough_inputs_and_a_positive_limit() -> None:
     with pytest.raises(ValueError, match="needs calibration inputs"):
         calibration_samples([])
     with pytest.raises(ValueError, match="positive integer"):
         calibration_samples([_batch([3], 3)], limit=0)
+    few = [_batch([4] * 33, 4)] * 3  # 99 examples
+    with pytest.raises(TooFewCalibrationExamples, match=f"at least {MIN_CALIBRATION_SIZE} examples .* has 99"):
+        calibration_samples(few)
+    assert len(calibration_samples([*few, _batch([4], 4)])) == MIN_CALIBRATION_SIZE
 
 
 @needs_build
-def test_written_graph_is_int8_qdq_runs_and_matches_its_manifest(tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    result = build_bundle(tiny_models["classify"], tmp_path / "b", variants=f"cpu-fp32,{VARIANT}", data_dir=NO_DATA)
+def test_written_graph_is_int8_qdq_runs_and_matches_its_manifest(
+    tiny_models: dict[str, Path], data_dir: Path, tmp_path: Path
+) -> None:
+    texts = sst2_sentences(data_dir, tmp_path)
+    result = build_bundle(tiny_models["classify"], tmp_path / "b", variants=f"cpu-fp32,{VARIANT}", calibration=texts)
     assert VARIANT not in result.refused, result.refused
     manifest = BundleManifest.read(tmp_path / "b")
     spec = manifest.variants[VARIANT]
@@ -65,20 +80,39 @@ def test_written_graph_is_int8_qdq_runs_and_matches_its_manifest(tiny_models: di
 
 @needs_build
 def test_static_variant_outside_its_guard_is_refused(
-    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_models: dict[str, Path], data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import export.parity
 
     monkeypatch.setattr(export.parity, "TASK_AGREEMENT", 1.01)  # no int8 graph can agree on 101% of inputs
-    result = build_bundle(tiny_models["classify"], tmp_path / "b", variants=f"cpu-fp32,{VARIANT}", data_dir=NO_DATA)
+    texts = sst2_sentences(data_dir, tmp_path)
+    result = build_bundle(tiny_models["classify"], tmp_path / "b", variants=f"cpu-fp32,{VARIANT}", calibration=texts)
     assert "label_agreement" in result.refused[VARIANT]
     assert sorted(p.name for p in (tmp_path / "b").glob("*.onnx")) == ["cpu-fp32.onnx"]
     assert VARIANT not in result.manifest.variants and result.manifest.default_variants["cpu"] == "cpu-fp32"
     with pytest.raises(AccuracyGuardError, match=f"variant {VARIANT} refused: label_agreement"):
         build_bundle(
-            tiny_models["classify"], tmp_path / "c", variants=f"cpu-fp32,{VARIANT}", data_dir=NO_DATA, strict=True
+            tiny_models["classify"], tmp_path / "c", variants=f"cpu-fp32,{VARIANT}", calibration=texts, strict=True
         )
     assert not (tmp_path / "c").exists()
+
+
+@needs_build
+def test_too_few_calibration_examples_skip_the_variant_with_the_reason(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Without data the guard has the built-in sentences, too few to calibrate on: the variant is skipped, the
+    CPU default falls back to the next variant, and --strict refuses the export."""
+    result = build_bundle(tiny_models["classify"], tmp_path / "b", variants=f"cpu-fp32,{VARIANT}", data_dir=NO_DATA)
+    assert result.refused[VARIANT].startswith("skipped: static int8 is calibrated on at least 100 examples")
+    assert "--calibration FILE" in result.refused[VARIANT]
+    assert VARIANT not in result.manifest.variants and result.manifest.default_variants["cpu"] == "cpu-fp32"
+    assert not (tmp_path / "b" / f"{VARIANT}.onnx").exists()
+    assert result.manifest.source["refused_variants"][VARIANT] == result.refused[VARIANT]
+    with pytest.raises(AccuracyGuardError, match=f"variant {VARIANT} refused: skipped: static int8"):
+        build_bundle(
+            tiny_models["classify"], tmp_path / "c", variants=f"cpu-fp32,{VARIANT}", data_dir=NO_DATA, strict=True
+        )
 
 
 def test_missing_nncf_skips_the_variant_with_its_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
