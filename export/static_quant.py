@@ -39,13 +39,15 @@ class TooFewCalibrationExamples(ValueError):
     """The guard's inputs hold fewer than `MIN_CALIBRATION_SIZE` examples."""
 
 
-_LAYER = r"/model/bert/encoder/layer\.\d+/"
+_LAYER = r"/model/(bert/)?encoder/layer\.\d+/"
 KEPT_FLOAT: tuple[str, ...] = (
     _LAYER + r"attention/self/MatMul(_1)?$",
     _LAYER + r"output/dense/MatMul$",
-    r"/model/(bert/pooler|classifier|qa_outputs)/.*",
+    r"/model/(bert/pooler|pooler|classifier|qa_outputs|cls)/.*",
 )
-"""Regular expressions over node names of the unfused graph that stay float (bf16 on OpenVINO)."""
+"""Regular expressions over node names of the unfused graph that stay float (bf16 on OpenVINO). Task models name
+the encoder `bert/` (`/model/bert/encoder/...`), an embed bundle's bare encoder does not (`/model/encoder/...`);
+the heads: pooler, classifier, qa_outputs, and the masked-LM head `cls/` of fill-mask bundles."""
 
 Feed = dict[str, np.ndarray]
 

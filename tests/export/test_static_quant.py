@@ -122,3 +122,42 @@ def test_missing_nncf_skips_the_variant_with_its_install_hint(monkeypatch: pytes
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nncf" else real(name, *a))
     reason = RECIPES[VARIANT].unavailable()
     assert reason is not None and ("nncf" in reason or "OpenVINO" in reason)
+
+
+@pytest.mark.parametrize("task", ["classify", "qa", "ner", "embed", "fill-mask"])
+def test_kept_float_scopes_match_every_graph_kind(task: str, tmp_path: Path) -> None:
+    """The ignored scopes must name the same layers in every task's traced graph (task models nest the encoder
+    under `bert/`, an embed bundle's bare encoder does not): of each layer's eight MatMuls only Q, K, V, the
+    attention output and the first feed-forward one are quantized, and no head MatMul is."""
+    import re
+
+    import torch
+
+    from bert_model.heads import (
+        BertForMaskedLM,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+    )
+    from bert_model.modeling import BertModel
+    from export.bundle import build_graphs
+    from export.static_quant import KEPT_FLOAT
+    from tests.export.conftest import tiny_config
+
+    models = {
+        "classify": BertForSequenceClassification,
+        "qa": BertForQuestionAnswering,
+        "ner": BertForTokenClassification,
+        "embed": BertModel,
+        "fill-mask": BertForMaskedLM,
+    }
+    torch.manual_seed(0)
+    config = tiny_config(num_hidden_layers=3, id2label={0: "O", 1: "B-PER", 2: "I-PER"})
+    model = models[task](config).eval()
+    raw, _, _, _ = build_graphs(model, task, tmp_path)
+    matmuls = [node.name for node in onnx.load(str(raw)).graph.node if node.op_type in ("MatMul", "Gemm")]
+    quantized = [name for name in matmuls if not any(re.match(pattern, name) for pattern in KEPT_FLOAT)]
+    layer = r"/model/(bert/)?encoder/layer\.\d/"
+    wanted = layer + r"(attention/self/(query|key|value)|attention/output/dense|intermediate/dense)/"
+    assert len(quantized) == 5 * config.num_hidden_layers, quantized
+    assert all(re.match(wanted, name) for name in quantized), quantized
