@@ -45,3 +45,26 @@ def test_spans_of_one_request(tiny_bundles: dict[str, Path], monkeypatch: pytest
     names = asyncio.run(go())
     assert {"tokenize", "queue", "infer", "postprocess", "bertserve.classify"} <= set(names), names
     assert "opentelemetry" in sys.modules
+
+
+def test_fastapi_native_telemetry_stays_off_even_with_a_global_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FastAPI would trace every request through a configured global OpenTelemetry provider; the service's spans
+    come from its own tracer, so a provider set by the embedding process records nothing of the REST app."""
+    pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
+    from fastapi.testclient import TestClient
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from service.http_api.app import create_app
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    app = create_app(ServiceSettings(models=["unused"], grpc_port=-1))
+    client = TestClient(app)  # no lifespan: nothing is loaded, the health routes answer all the same
+    assert client.get("/health/live").status_code == 200
+    assert client.get("/v1/models").status_code in (200, 503)
+    assert exporter.get_finished_spans() == ()
