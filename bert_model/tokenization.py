@@ -222,15 +222,30 @@ def pad_encodings(encodings: Sequence[Encoding], pad_id: int, pad_to: int | None
     width = longest if pad_to is None else pad_to
     if width < longest:
         raise ValueError(f"pad_to={pad_to} is shorter than the longest encoding ({longest})")
-    input_ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
-    attention_mask = np.zeros((len(encodings), width), dtype=np.int64)
-    token_type_ids = np.zeros((len(encodings), width), dtype=np.int64)
-    for row, encoding in enumerate(encodings):
-        length = len(encoding.ids)
-        input_ids[row, :length] = encoding.ids
-        attention_mask[row, :length] = 1
-        token_type_ids[row, :length] = encoding.type_ids
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+    return pad_rows([e.ids for e in encodings], [e.type_ids for e in encodings], width, pad_id)
+
+
+def pad_rows(
+    input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]], width: int, pad_id: int
+) -> dict[str, np.ndarray]:
+    """Right-pad rows of token ids and their segment ids to `width` columns: the int64 (B, width) arrays
+    `input_ids` (padded with `pad_id`), `attention_mask` and `token_type_ids` a BERT graph takes."""
+    if len(input_ids) != len(token_type_ids):
+        raise ValueError(f"{len(input_ids)} rows of token ids but {len(token_type_ids)} rows of segment ids")
+    shape = (len(input_ids), width)
+    arrays = {
+        "input_ids": np.full(shape, pad_id, dtype=np.int64),
+        "attention_mask": np.zeros(shape, dtype=np.int64),
+        "token_type_ids": np.zeros(shape, dtype=np.int64),
+    }
+    for row, (ids, types) in enumerate(zip(input_ids, token_type_ids, strict=True)):
+        length = len(ids)
+        if length > width:
+            raise ValueError(f"row {row} has {length} tokens, more than the width {width}")
+        arrays["input_ids"][row, :length] = ids
+        arrays["attention_mask"][row, :length] = 1
+        arrays["token_type_ids"][row, :length] = types
+    return arrays
 
 
 def build_wordpiece(vocab: dict[str, int], lowercase: bool) -> Tokenizer:

@@ -28,6 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from bert_model.tasks.features import padded_width
+from bert_model.tokenization import pad_rows
 from service.errors import BackendError, DeadlineExceeded, InvalidInput, NotReady, Overloaded, ServiceError
 
 log = logging.getLogger(__name__)
@@ -447,16 +448,11 @@ class Batcher:
         return padded_width(longest, self.config.width_multiple, self.config.max_width)
 
     def _pad(self, batch: list[_Item]) -> dict[str, np.ndarray]:
+        features = [item.request.features[item.index] for item in batch]
         width = self._width(max(item.length for item in batch))
-        input_ids = np.full((len(batch), width), self.config.pad_id, dtype=np.int64)
-        attention_mask = np.zeros((len(batch), width), dtype=np.int64)
-        token_type_ids = np.zeros((len(batch), width), dtype=np.int64)
-        for row, item in enumerate(batch):
-            feature = item.request.features[item.index]
-            input_ids[row, : item.length] = feature.input_ids
-            attention_mask[row, : item.length] = 1
-            token_type_ids[row, : item.length] = feature.token_type_ids
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        return pad_rows(
+            [f.input_ids for f in features], [f.token_type_ids for f in features], width, self.config.pad_id
+        )
 
     def _check_outputs(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> None:
         rows, width = arrays["input_ids"].shape

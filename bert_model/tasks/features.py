@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bert_model.tokenization import pad_rows
+
 OutputRows = np.ndarray | Sequence[np.ndarray]
 """Model outputs for a list of features: one row per feature, as one padded array or a list of rows."""
 
@@ -66,15 +68,7 @@ def collate(
         raise ValueError(f"pad_to={pad_to} is shorter than the longest feature ({longest} tokens)")
     if pad_to_multiple_of:
         width = padded_width(width, pad_to_multiple_of)
-    input_ids = np.full((len(features), width), pad_id, dtype=np.int64)
-    attention_mask = np.zeros((len(features), width), dtype=np.int64)
-    token_type_ids = np.zeros((len(features), width), dtype=np.int64)
-    for row, feature in enumerate(features):
-        length = len(feature)
-        input_ids[row, :length] = feature.input_ids
-        attention_mask[row, :length] = 1
-        token_type_ids[row, :length] = feature.token_type_ids
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+    return pad_rows([f.input_ids for f in features], [f.token_type_ids for f in features], width, pad_id)
 
 
 def feature_row(feature: Feature, output: np.ndarray | Sequence[float], name: str = "output") -> np.ndarray:

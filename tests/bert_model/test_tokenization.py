@@ -13,7 +13,7 @@ import pytest
 import transformers
 
 from bert_model.registry import minilm_path
-from bert_model.tokenization import BertTokenizer, InputTooLongError
+from bert_model.tokenization import BertTokenizer, InputTooLongError, pad_rows
 from tests.bert_model.real_text import TRICKY, conll_sentences, squad_pairs, sst2_sentences
 
 
@@ -158,6 +158,17 @@ def test_pad_builds_int64_arrays(ours) -> None:
     assert all(a.dtype == np.int64 and a.shape == (2, 6) for a in arrays.values())
     assert arrays["attention_mask"][1].tolist() == [1, 1, 1, 0, 0, 0]
     assert arrays["input_ids"][1, 3:].tolist() == [ours.pad_id] * 3
+
+
+def test_pad_rows_keeps_segments_and_refuses_rows_that_do_not_fit() -> None:
+    arrays = pad_rows([[101, 7, 102, 8, 102], [101, 102]], [[0, 0, 0, 1, 1], [0, 0]], width=6, pad_id=0)
+    assert arrays["input_ids"].tolist() == [[101, 7, 102, 8, 102, 0], [101, 102, 0, 0, 0, 0]]
+    assert arrays["token_type_ids"].tolist() == [[0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]]
+    assert arrays["attention_mask"].sum(axis=1).tolist() == [5, 2]
+    with pytest.raises(ValueError, match="row 0 has 5 tokens, more than the width 4"):
+        pad_rows([[101, 7, 102, 8, 102]], [[0, 0, 0, 1, 1]], width=4, pad_id=0)
+    with pytest.raises(ValueError, match="2 rows of token ids but 1 rows of segment ids"):
+        pad_rows([[101], [101]], [[0]], width=2, pad_id=0)
 
 
 def test_bad_inputs(ours, tmp_path) -> None:
