@@ -1,7 +1,7 @@
 """On real data, the served default `minilm-squad` answers SQuAD paragraphs as `bertserve evaluate` does.
 
 The real server (`bertserve serve` on free ports, torch unimportable) serves the `artifacts/bundles/minilm-squad`
-bundle through its default variant, exactly as `make serve` does (OpenVINO int8 on this CPU with the `openvino`
+bundle through its default variant, exactly as `make serve` does (OpenVINO on this CPU with the `openvino`
 extra installed). LIMIT evenly spaced questions of SQuAD v1.1 dev-half-a (the ones `bertserve evaluate --limit
 LIMIT` scores) go to it over REST and over gRPC with the service's defaults. `bertserve evaluate --predictions`
 answers the same questions with the PyTorch fp32 model on its training windows (256 tokens, doc_stride 128,
