@@ -304,10 +304,12 @@ class InferenceService:
         return [model.describe() for model in self.models.values()]
 
     # ---- the tasks --------------------------------------------------------------------------------
+    # `field` (classify, ner, embed, fill_mask): the caller's name for the texts, which input errors name: the REST
+    # bodies' `inputs` (OpenAI's `input`), the gRPC messages' `texts` (Classify's `inputs`).
     async def classify(
-        self, request: ClassifyInput, model: str | None = None, timeout_s: float | None = None
+        self, request: ClassifyInput, model: str | None = None, timeout_s: float | None = None, field: str = "inputs"
     ) -> Outcome:
-        self._check_texts(request.texts, "texts")
+        self._check_texts(request.texts, field)
         if request.pairs is not None:
             self._check_texts(request.pairs, "text_pair")
         if request.top_k is not None and request.top_k < 1:
@@ -325,8 +327,10 @@ class InferenceService:
             raise InvalidInput(f"doc_stride must be >= 0, got {request.doc_stride}")
         return await self._run(self.model_for("qa", model), request, timeout_s, route="qa")
 
-    async def ner(self, request: NERInput, model: str | None = None, timeout_s: float | None = None) -> Outcome:
-        self._check_texts(request.texts, "texts")
+    async def ner(
+        self, request: NERInput, model: str | None = None, timeout_s: float | None = None, field: str = "inputs"
+    ) -> Outcome:
+        self._check_texts(request.texts, field)
         if request.aggregation_strategy not in AGGREGATION_STRATEGIES:
             raise InvalidInput(
                 f"aggregation_strategy must be one of {', '.join(AGGREGATION_STRATEGIES)}, "
@@ -334,16 +338,18 @@ class InferenceService:
             )
         return await self._run(self.model_for("ner", model), request, timeout_s, route="ner")
 
-    async def embed(self, request: EmbedInput, model: str | None = None, timeout_s: float | None = None) -> Outcome:
-        self._check_texts(request.texts, "inputs")
+    async def embed(
+        self, request: EmbedInput, model: str | None = None, timeout_s: float | None = None, field: str = "inputs"
+    ) -> Outcome:
+        self._check_texts(request.texts, field)
         if request.dimensions is not None and request.dimensions < 1:
             raise InvalidInput(f"dimensions must be at least 1, got {request.dimensions}")
         return await self._run(self.model_for("embed", model), request, timeout_s, route="embed")
 
     async def fill_mask(
-        self, request: FillMaskInput, model: str | None = None, timeout_s: float | None = None
+        self, request: FillMaskInput, model: str | None = None, timeout_s: float | None = None, field: str = "inputs"
     ) -> Outcome:
-        self._check_texts(request.texts, "inputs")
+        self._check_texts(request.texts, field)
         if not 1 <= request.top_k <= FILL_MASK_MAX_TOP_K:
             raise InvalidInput(f"top_k must be between 1 and {FILL_MASK_MAX_TOP_K}, got {request.top_k}")
         return await self._run(self.model_for("fill-mask", model), request, timeout_s, route="fill-mask")

@@ -135,7 +135,7 @@ class NERServicer(_Base, pb_grpc.NERServicer):
             task_input = NERInput(
                 texts=list(request.texts), aggregation_strategy=strategy, **_given(request, "truncate")
             )
-            return await self.service.ner(task_input, model=request.model or None, timeout_s=timeout)
+            return await self.service.ner(task_input, model=request.model or None, timeout_s=timeout, field="texts")
 
         outcome = await self._call(context, "/bert.v1.NER/Recognize", run)
         return pb.RecognizeResponse(
@@ -161,7 +161,7 @@ class EmbedderServicer(_Base, pb_grpc.EmbedderServicer):
             if options.get("dimensions") == 0:
                 del options["dimensions"]  # 0 = the whole vector
             task_input = EmbedInput(texts=list(request.texts), **options)
-            return await self.service.embed(task_input, model=request.model or None, timeout_s=timeout)
+            return await self.service.embed(task_input, model=request.model or None, timeout_s=timeout, field="texts")
 
         outcome = await self._call(context, "/bert.v1.Embedder/Embed", run)
         return pb.EmbedResponse(
@@ -178,7 +178,9 @@ class FillMaskServicer(_Base, pb_grpc.FillMaskServicer):
                 targets=list(request.targets) or None,
                 **_given(request, "top_k", "truncate"),
             )
-            return await self.service.fill_mask(task_input, model=request.model or None, timeout_s=timeout)
+            return await self.service.fill_mask(
+                task_input, model=request.model or None, timeout_s=timeout, field="texts"
+            )
 
         outcome = await self._call(context, "/bert.v1.FillMask/Fill", run)
         return pb.FillResponse(

@@ -45,7 +45,7 @@ def add_encoder_routes(
     @router.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse)
     async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request, response: Response) -> Any:
         """Embed texts (OpenAI's embeddings API): vectors as floats or base64 float32, with token usage."""
-        outcome = await _embed(request, body.input, None, body.dimensions, body.truncate, body.model)
+        outcome = await _embed(request, body.input, None, body.dimensions, body.truncate, body.model, field="input")
         _respond(response, outcome)
         tokens = sum(result["tokens"] for result in outcome.results)
         encode = _base64 if body.encoding_format == "base64" else _floats
@@ -86,6 +86,7 @@ def add_encoder_routes(
         dimensions: int | None,
         truncate: bool | None,
         model: str | None,
+        field: str = "inputs",
     ) -> Outcome:
         task_input = EmbedInput(
             texts=[inputs] if isinstance(inputs, str) else list(inputs),
@@ -93,7 +94,7 @@ def add_encoder_routes(
             dimensions=dimensions,
             truncate=truncate,
         )
-        return await _service(request).embed(task_input, model=model, timeout_s=timeout(request))
+        return await _service(request).embed(task_input, model=model, timeout_s=timeout(request), field=field)
 
     app.include_router(router)
 

@@ -207,6 +207,7 @@ BAD_REST = [
     ("/embed", {"inputs": "x", "model": "tiny-classify"}, "is a classify model"),
     ("/v1/embeddings", {"input": []}, "at least one"),
     ("/v1/embeddings", {"input": "  "}, "empty"),
+    ("/v1/embeddings", {"input": ["ok", "  "]}, "input[1] is empty"),  # the field OpenAI's body names
     ("/v1/embeddings", {"input": [1, 2, 3]}, "token-id arrays"),
     ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, "encoding_format"),
     ("/v1/embeddings", {"input": "x", "model": "text-embedding-3-small"}, "unknown model"),
@@ -228,7 +229,7 @@ def test_bad_rest_input_is_4xx_with_a_message(http: httpx.Client, path: str, bod
 
 BAD_GRPC = [
     ("Embed", pb.EmbedRequest(texts=[]), "at least one"),
-    ("Embed", pb.EmbedRequest(texts=["ok", ""]), "inputs[1] is empty"),
+    ("Embed", pb.EmbedRequest(texts=["ok", ""]), "texts[1] is empty"),  # the message's own field name
     ("Embed", pb.EmbedRequest(texts=["word " * 200], truncate=False), "tokens"),
     ("Embed", pb.EmbedRequest(texts=["x"], dimensions=64), "at most 32"),
     ("Fill", pb.FillRequest(texts=["no mask"]), "has no mask token"),

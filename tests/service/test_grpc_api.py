@@ -133,7 +133,10 @@ def test_health_and_reflection(channel: grpc.Channel) -> None:
     ("call", "needle"),
     [
         (lambda ch: pb_grpc.ClassifierStub(ch).Classify(pb.ClassifyRequest()), "at least one"),
-        (lambda ch: pb_grpc.ClassifierStub(ch).Classify(pb.ClassifyRequest(inputs=[pb.TextInput(text=" ")])), "empty"),
+        (
+            lambda ch: pb_grpc.ClassifierStub(ch).Classify(pb.ClassifyRequest(inputs=[pb.TextInput(text=" ")])),
+            "inputs[0] is empty",
+        ),
         (
             lambda ch: pb_grpc.ClassifierStub(ch).Classify(pb.ClassifyRequest(inputs=[pb.TextInput(text="x")] * 65)),
             "limit of 64",
@@ -166,6 +169,7 @@ def test_health_and_reflection(channel: grpc.Channel) -> None:
             lambda ch: pb_grpc.NERStub(ch).Recognize(pb.RecognizeRequest(texts=["x"], aggregation_strategy=42)),
             "aggregation",
         ),
+        (lambda ch: pb_grpc.NERStub(ch).Recognize(pb.RecognizeRequest(texts=["x", " "])), "texts[1] is empty"),
     ],
 )
 def test_bad_input_is_invalid_argument(channel: grpc.Channel, call, needle: str) -> None:  # type: ignore[no-untyped-def]

@@ -240,7 +240,7 @@ def test_openapi_before_loading_gives_each_route_its_default_model_as_example() 
     ("path", "body", "status", "needle"),
     [
         ("/classify", {"inputs": ""}, 422, "empty"),
-        ("/classify", {"inputs": ["ok", "   "]}, 422, "texts[1]"),
+        ("/classify", {"inputs": ["ok", "   "]}, 422, "inputs[1] is empty"),
         ("/classify", {"inputs": 42}, 422, "inputs"),
         ("/classify", {"inputs": "x", "top_k": "two"}, 422, "top_k"),
         ("/classify", {"inputs": "x", "top_k": 0}, 422, "top_k"),
