@@ -337,3 +337,19 @@ def test_request_id_and_caller_deadline(client: httpx.Client) -> None:
     assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
     _error(client.post("/classify", json={"inputs": "x"}, headers={"x-request-timeout-ms": "soon"}), 422)
     assert client.post("/qa", json=body, headers={"x-request-timeout-ms": "30000"}).status_code == 200
+
+
+def test_bench_clients_drive_the_real_server(server: ServerProcess) -> None:
+    # service.bench's aiohttp clients: sequential calls carry the backend's own time; the closed loop keeps
+    # `concurrency` requests in flight and counts each answer once, by status
+    import asyncio
+
+    from service.bench import _closed_loop, _sequential
+
+    texts = ["a gripping film", "dull", "an utterly forgettable and overlong second act"]
+    total, backend = asyncio.run(_sequential(server.url, texts, requests=5))
+    assert len(total) == len(backend) == 5
+    assert all(0 < b < t for t, b in zip(total, backend, strict=True))
+    result = asyncio.run(_closed_loop(server.url, texts, concurrency=4, duration=1.0))
+    assert result["requests"] >= 4 and result["statuses"] == {"200": result["requests"]}
+    assert result["p50_ms"] <= result["p99_ms"]
