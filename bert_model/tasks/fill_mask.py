@@ -81,7 +81,7 @@ def build_fill_mask_features(
                     f"inputs[{index}]: every {mask_token} falls after the first {max_seq_length} tokens, which "
                     "are all the model reads; move it earlier or shorten the text"
                 )
-            raise ValueError(f"inputs[{index}] has no mask token: put {mask_token} where a word should be predicted")
+            raise ValueError(f"input {index} has no mask token: put {mask_token} where a word should be predicted")
         features.append(
             Feature(request_index=index, input_ids=list(encoding.ids), token_type_ids=list(encoding.type_ids))
         )

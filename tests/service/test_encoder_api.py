@@ -213,7 +213,7 @@ BAD_REST = [
     ("/v1/embeddings", {"input": "x", "model": "text-embedding-3-small"}, "unknown model"),
     ("/v1/embeddings", {"input": "x", "dimensions": 0}, "dimensions"),
     ("/fill-mask", {"inputs": "no mask here"}, "has no mask token: put [MASK]"),
-    ("/fill-mask", {"inputs": ["a [MASK]", "none"]}, "inputs[1] has no mask token"),
+    ("/fill-mask", {"inputs": ["a [MASK]", "none"]}, "input 1 has no mask token"),
     ("/fill-mask", {"inputs": "a [MASK]", "targets": ["unbelievably"]}, "is not one token"),
     ("/fill-mask", {"inputs": "a [MASK]", "top_k": 0}, "top_k"),
     ("/fill-mask", {"inputs": "word " * 80 + "[MASK]"}, "falls after the first 64 tokens"),

@@ -109,7 +109,14 @@ def test_qa_list_top_k_and_long_context_windows(client: httpx.Client) -> None:
         422,
         "input_too_long",
     )
-    assert "window" in message
+    assert message.startswith("context[0] does not fit in one window")
+
+
+def test_ner_text_over_one_window_is_refused_without_truncation(client: httpx.Client) -> None:
+    long_text = "Ada Lovelace worked with Charles Babbage in London. " * 6
+    response = client.post("/ner", json={"inputs": ["Ada Lovelace", long_text], "truncate": False})
+    message = _error(response, 422, "input_too_long")
+    assert message.startswith(f"input 1 does not fit in one window of {MAX_SEQ_LENGTH} tokens")
 
 
 def test_qa_answers_can_come_from_late_windows(client: httpx.Client) -> None:

@@ -87,7 +87,7 @@ def test_a_target_of_several_pieces_is_refused(tokenizer: BertTokenizer) -> None
 
 
 def test_input_without_a_mask_is_refused(tokenizer: BertTokenizer) -> None:
-    with pytest.raises(ValueError, match=r"inputs\[1\] has no mask token: put \[MASK\]"):
+    with pytest.raises(ValueError, match=r"input 1 has no mask token: put \[MASK\]"):
         build_fill_mask_features(tokenizer, ["a [MASK] here", "none here"])
     long = "word " * 80 + "[MASK]"
     with pytest.raises(ValueError, match=r"inputs\[0\]: every \[MASK\] falls after the first 16 tokens"):
