@@ -78,7 +78,7 @@ def build_fill_mask_features(
         if mask_id not in encoding.ids:
             if mask_token in texts[index]:
                 raise ValueError(
-                    f"inputs[{index}]: every {mask_token} falls after the first {max_seq_length} tokens, which "
+                    f"input {index}: every {mask_token} falls after the first {max_seq_length} tokens, which "
                     "are all the model reads; move it earlier or shorten the text"
                 )
             raise ValueError(f"input {index} has no mask token: put {mask_token} where a word should be predicted")

@@ -90,5 +90,5 @@ def test_input_without_a_mask_is_refused(tokenizer: BertTokenizer) -> None:
     with pytest.raises(ValueError, match=r"input 1 has no mask token: put \[MASK\]"):
         build_fill_mask_features(tokenizer, ["a [MASK] here", "none here"])
     long = "word " * 80 + "[MASK]"
-    with pytest.raises(ValueError, match=r"inputs\[0\]: every \[MASK\] falls after the first 16 tokens"):
+    with pytest.raises(ValueError, match=r"input 0: every \[MASK\] falls after the first 16 tokens"):
         build_fill_mask_features(tokenizer, [long], max_seq_length=16)
