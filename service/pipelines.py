@@ -303,7 +303,7 @@ class QAPipeline(Pipeline):
             max_query_length=self.windows.max_query_length,
         )
         if request.truncate is False:
-            _reject_windows(features, "context", self.max_seq_length)
+            _reject_windows(features, "context[{}]", self.max_seq_length)
             _reject_long_questions(self.tokenizer, request.questions, self.windows.max_query_length)
         return list(features)
 
@@ -341,7 +341,7 @@ class NERPipeline(Pipeline):
             self.tokenizer, request.texts, max_seq_length=self.max_seq_length, stride=self.stride
         )
         if request.truncate is False:
-            _reject_windows(features, "input", self.max_seq_length)
+            _reject_windows(features, "input {}", self.max_seq_length)
         return list(features)
 
     def _postprocess(self, request: NERInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
@@ -453,14 +453,14 @@ class FillMaskPipeline(Pipeline):
         return FillMaskInput(texts=[f"The service warms up every {self.mask_token} before it reports ready."])
 
 
-def _reject_windows(features: Sequence[Any], name: str, max_seq_length: int) -> None:
+def _reject_windows(features: Sequence[Any], pointer: str, max_seq_length: int) -> None:
     """With truncate=false, an input that needs more than one window is refused (QA contexts, NER texts).
-    `name` + index points at it: `context[0]`, or `input 1` where REST and gRPC name the texts differently."""
+    `pointer` formats the input's index into the message: `context[{}]`, or `input {}` where REST and gRPC name
+    the texts differently."""
     for feature in features:
         if feature.window_index > 0:
-            where = f"{name} {feature.request_index}" if name == "input" else f"{name}[{feature.request_index}]"
             raise InputTooLong(
-                f"{where} does not fit in one window of {max_seq_length} tokens; "
+                f"{pointer.format(feature.request_index)} does not fit in one window of {max_seq_length} tokens; "
                 "shorten it, or send truncate=true to process it in overlapping windows"
             )
 
