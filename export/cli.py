@@ -22,7 +22,7 @@ def export_command(
     model: Annotated[str, typer.Argument(help="Fine-tuned model folder or built-in name (minilm-sst2, ...).")],
     out: Annotated[Path, typer.Option("--out", help="Bundle folder to write (replaced atomically).")],
     variants: Annotated[
-        str, typer.Option(help="Comma-separated variants: cpu-fp32, cpu-int8, gpu-fp16, openvino-int8, openvino-bf16.")
+        str, typer.Option(help=f"Comma-separated variants, any of: {', '.join(DEFAULT_VARIANTS)}.")
     ] = ",".join(DEFAULT_VARIANTS),
     max_seq_len: Annotated[
         int | None, typer.Option("--max-seq-len", help="Longest input served (default: the model's maximum).")

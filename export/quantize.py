@@ -8,9 +8,12 @@ References: ONNX Runtime quantization docs (dynamic vs static, QOperator vs QDQ 
   fuses into `DynamicQuantizeMatMul` / `MatMulIntegerToFloat`. The quantizer's shape inference fails on
   contrib ops unless `DefaultTensorType` is set (../shared/README.md).
 - Weight-only: int8 weights behind DequantizeLinear, activations in float in the graph; OpenVINO's CPU plugin
-  runs such MatMuls with int8 kernels and quantizes activations dynamically per group of channels. (Static QDQ
-  with calibrated per-tensor activation ranges was measured too and dropped: on SST-2 it kept the same label on
-  only 95.6-97.3% of inputs, BERT's outlier activation channels defeat one range per tensor.)
+  runs such MatMuls with int8 kernels and quantizes activations dynamically per group of channels.
+
+Statically calibrated int8 (activation ranges measured in advance) is not built here but by NNCF in
+`export/static_quant.py` (the `openvino-int8-static` variant): one range per tensor over every MatMul, as ONNX
+Runtime's static quantizer writes it, kept the same SST-2 label on only 95.6-97.3% of inputs, because BERT's outlier
+activation channels defeat a per-tensor range; that recipe keeps the MatMuls most hurt by it in bf16.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ class Backend(Protocol):
     """A loaded model graph that runs batches."""
 
     kind: str
-    """`ort` or `triton`."""
+    """The runtime: `ort` (ONNX Runtime), `openvino` (an OpenVINO variant run in-process) or `triton`."""
     variant: str
     """The bundle variant it runs (cpu-int8, gpu-fp16, ...) or the Triton model name."""
     batches_itself: bool
