@@ -41,7 +41,24 @@ info: install
 	$(VENV)/bin/bertserve info minilm
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
+
+# ---- docs -------------------------------------------------------------------------------------------------
+.PHONY: docs docs-gen
+DOCS_STAMP := $(VENV)/.docs-stamp
+$(DOCS_STAMP): $(STAMP)
+	$(PIP) install -q -e '.[docs]' --config-settings editable_mode=compat
+	touch $@
+
+# The docs site into the git-ignored site/; strict: a broken link, a missing page or one left out of the nav fails.
+# It builds the pages as committed (docs-gen regenerates them; a default test fails when they are out of date).
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict --clean --site-dir site
+
+# docs/reference/ (settings, errors, CLI) from the code, and the measurement blocks from artifacts/bench/*.md and
+# loadtests/results/history.jsonl where they exist.
+docs-gen: install
+	$(PY) -m bertserve.docs_pages
 
 # ---- service ----------------------------------------------------------------------------------------------
 .PHONY: serve triton-venv bench-service
