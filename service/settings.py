@@ -164,6 +164,21 @@ class ServiceSettings(BaseSettings):
         "balancers' own idle timeouts (httpx 5 s, most balancers 60 s), so that the client side closes first.",
     )
 
+    # ---- gRPC connection age: long-lived channels reconnect and reach new replicas ---------------
+    grpc_max_connection_age_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="The gRPC server sends GOAWAY to a connection this old (gRPC adds up to 10% jitter): the "
+        "client's channel reconnects, through its load balancer or DNS, and so reaches replicas started since. "
+        "HTTP/2 multiplexes every call of a channel on one connection, so without it a client stays on one replica.",
+    )
+    grpc_max_connection_age_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="After that GOAWAY, how long calls in flight on the old connection may run before it is closed "
+        "(at least request_timeout_s, so that no call is cut).",
+    )
+
     @field_validator("models", "cors_origins", mode="before")
     @classmethod
     def _split_list(cls, value: Any) -> Any:

@@ -82,6 +82,8 @@ class GrpcFrontDoor:
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ("grpc.so_reuseport", 0),
+            ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(settings.grpc_max_connection_age_grace_s * 1000)),
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)
         server.add_generic_rpc_handlers(
