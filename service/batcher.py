@@ -8,7 +8,9 @@ features), so padding stays small and nobody starves. The padded width is the lo
 backend's `width_multiple` (OpenVINO's CPU kernels run widths that are multiples of 16 faster than the widths just
 below them), never past the graph's longest input. The queue is bounded: a request that does not fit is rejected
 at once (`Overloaded`). Requests whose deadline passed (or whose caller went away) are dropped before compute. A
-backend failure fails only the requests of its batch, and outputs are checked to have one row per input row. With
+failure anywhere on a batch's path (padding, the backend, the output checks, delivery) fails only the requests of
+that batch, at once, and outputs are checked to have one row per input row; a model whose batch loop dies, whose
+backend reports itself broken, or whose batches keep failing has failed for good (see `Batcher`). With
 `passthrough` (the backend batches itself, e.g. Triton's dynamic batcher) every request goes straight to the
 backend as its own call, with the same checks and bounds.
 
@@ -29,11 +31,25 @@ import numpy as np
 
 from bert_model.tasks.features import padded_width
 from bert_model.tokenization import pad_rows
-from service.errors import BackendError, DeadlineExceeded, InvalidInput, NotReady, Overloaded, ServiceError
+from service.errors import (
+    BackendBroken,
+    BackendError,
+    DeadlineExceeded,
+    Internal,
+    InvalidInput,
+    ModelFailed,
+    NotReady,
+    Overloaded,
+    ServiceError,
+)
 
 log = logging.getLogger(__name__)
 
 RunBatch = Callable[[dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
+OnFailure = Callable[[str, str], None]
+"""Called once when a model fails for good, with the model's name and the reason."""
+LOAD_ERRORS = (Overloaded, DeadlineExceeded, NotReady)
+"""Failures that say the backend is busy (its queue, its timeout), not that it is failing: never counted."""
 
 
 class Encoded(Protocol):
@@ -87,11 +103,16 @@ class BatchConfig:
     preference (`Backend.width_multiple`)."""
     max_width: int | None = None
     """The graph's longest input: rounding up never pads past it (None = no cap)."""
+    max_consecutive_failures: int = 0
+    """Failed batches in a row (backend errors, bugs on the batch path; busy answers not counted) after which the
+    model has failed for good (0 = never)."""
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_batch_tokens", "max_queue", "max_concurrency", "width_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_consecutive_failures < 0:
+            raise ValueError(f"max_consecutive_failures must be >= 0, got {self.max_consecutive_failures}")
         if self.max_wait_s < 0:
             raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s}")
         if self.max_padding is not None and self.max_padding < 0:
@@ -140,7 +161,13 @@ class _Item:
 
 
 class Batcher:
-    """Per-model request queue and batch loop; `submit()` is safe to call from any coroutine on the loop."""
+    """Per-model request queue and batch loop; `submit()` is safe to call from any coroutine on the loop.
+
+    The model fails for good (`failure` is set, every waiting request and every later one gets ModelFailed, 503 /
+    UNAVAILABLE, and `on_failure` is called once) when the batch loop task ends with an exception, when the backend
+    raises BackendBroken (it reports that it can never serve again), or after `max_consecutive_failures` failed
+    batches in a row. A single failed batch fails only its own requests and the loop goes on.
+    """
 
     def __init__(
         self,
@@ -152,9 +179,11 @@ class Batcher:
         sequence_outputs: Sequence[str] = (),
         observer: BatchObserver | None = None,
         run_alone: RunBatch | None = None,
+        on_failure: OnFailure | None = None,
     ) -> None:
         """`run_alone` (optional) runs a batch that nothing else competes with: no other batch running, nothing
-        left waiting when it was cut (a backend may give it all its cores); `run_batch` runs every other one."""
+        left waiting when it was cut (a backend may give it all its cores); `run_batch` runs every other one.
+        `on_failure` hears once that the model has failed for good."""
         self.model = model
         self.config = config
         self.output_names = tuple(output_names)
@@ -170,6 +199,10 @@ class Batcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._on_failure = on_failure
+        self._failures = 0  # failed batches in a row
+        self.failure: str | None = None
+        """Why the model has failed for good (None while it serves)."""
         self.backend_calls = 0
         """Backend calls made so far (the batching proof counts these)."""
         self.alone_calls = 0
@@ -181,6 +214,7 @@ class Batcher:
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
         if not self.config.passthrough:
             self._loop_task = asyncio.create_task(self._loop(), name=f"batcher-{self.model}")
+            self._loop_task.add_done_callback(self._loop_ended)
 
     async def close(self) -> None:
         """Stop taking requests, finish running batches, fail what still waits."""
@@ -197,6 +231,44 @@ class Batcher:
                 item.request.future.set_exception(NotReady("the server shut down before this request ran; retry"))
         self._pending.clear()
 
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or (self._closed and task.exception() is None):
+            return
+        error = task.exception()
+        log.error("the batch loop of model %s ended", self.model, exc_info=error)
+        self._die(f"the batch loop ended: {error!r}" if error is not None else "the batch loop returned")
+
+    def _count_failure(self, error: ServiceError) -> None:
+        if isinstance(error, BackendBroken):
+            self._die(f"the backend reports itself broken: {error.message}")
+            return
+        if isinstance(error, LOAD_ERRORS):
+            return
+        self._failures += 1
+        limit = self.config.max_consecutive_failures
+        if limit and self._failures >= limit:
+            self._die(f"{self._failures} batches in a row failed, the last with {error.code}: {error.message}")
+
+    def _die(self, reason: str) -> None:
+        """The model has failed for good: answer everything waiting at once and tell `on_failure`."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        log.error("model failed for good", extra={"model": self.model, "reason": reason})
+        waiting, self._pending = self._pending, []
+        for item in waiting:
+            if not item.request.dead:
+                item.request.future.set_exception(self._failed_error())
+        self._notify_depth()
+        if self._on_failure is not None:
+            try:
+                self._on_failure(self.model, reason)
+            except Exception:
+                log.exception("the failure hook of model %s failed", self.model)
+
+    def _failed_error(self) -> ModelFailed:
+        return ModelFailed(f"model {self.model!r} has failed and this server is restarting; retry")
+
     @property
     def queue_depth(self) -> int:
         """Features waiting for a batch (passthrough: features in flight)."""
@@ -204,7 +276,10 @@ class Batcher:
 
     # ---- submission -------------------------------------------------------------------------------
     def admit(self, sequences: int) -> None:
-        """Raise Overloaded now if at least `sequences` more would not fit (checked before tokenizing)."""
+        """Raise Overloaded now if at least `sequences` more would not fit, ModelFailed if the model has failed
+        (checked before tokenizing)."""
+        if self.failure is not None:
+            raise self._failed_error()
         if self.queue_depth + sequences > self.config.max_queue >= sequences:
             self._notify_rejected("queue_full")
             raise Overloaded(f"model {self.model!r} is at capacity ({self.queue_depth} sequences queued); retry later")
@@ -214,6 +289,8 @@ class Batcher:
 
         `deadline` is in `time.perf_counter()` seconds (uvloop's loop clock has only millisecond steps).
         """
+        if self.failure is not None:
+            raise self._failed_error()
         if self._closed or self._wakeup is None:
             raise NotReady("the server is shutting down (or not started): this model takes no requests")
         if not features:
@@ -315,6 +392,8 @@ class Batcher:
         self._batch_tasks.discard(task)
         assert self._slots is not None
         self._slots.release()
+        if not task.cancelled() and task.exception() is not None:  # its requests were answered before it raised
+            log.error("a batch of model %s ended with an error", self.model, exc_info=task.exception())
 
     async def _next_batch(self) -> list[_Item]:
         assert self._wakeup is not None
@@ -411,9 +490,26 @@ class Batcher:
 
     # ---- running a batch --------------------------------------------------------------------------
     async def _execute(self, batch: list[_Item], alone: bool = False) -> None:
+        """Run one batch and answer its requests. Whatever raises on the way (padding, the backend, the output
+        checks, the observer, delivery) fails exactly this batch's requests at once, is logged, and the next
+        batch runs; `_count_failure` decides whether the model has failed for good."""
         batch = [item for item in batch if not item.request.dead]
         if not batch:
             return
+        try:
+            failure = await self._run_and_deliver(batch, alone)
+        except Exception:  # a bug of our own on the batch path: Internal, with the id of its log line
+            failure = Internal(f"internal error on this request's batch of model {self.model!r}")
+            extra = {"model": self.model, "rows": len(batch), "error_id": failure.error_id}
+            log.exception("the batcher failed on a batch", extra=extra)
+        if failure is None:
+            self._failures = 0
+            return
+        self._fail(batch, failure)
+        self._count_failure(failure)
+
+    async def _run_and_deliver(self, batch: list[_Item], alone: bool) -> ServiceError | None:
+        """Pad, run, check and deliver one batch; returns the backend's failure (None when delivered)."""
         start = time.perf_counter()
         for item in batch:
             request = item.request
@@ -431,18 +527,17 @@ class Batcher:
             outputs = await run(arrays)
             self._check_outputs(outputs, arrays)
         except ServiceError as error:
-            self._fail(batch, error)
-            return
+            return error
         except Exception as error:  # a backend bug must fail its batch, never the server
             log.exception("backend failed on a batch of %d for model %s", len(batch), self.model)
-            self._fail(batch, BackendError(f"the backend failed on this request's batch: {error}"))
-            return
+            return BackendError(f"the backend failed on this request's batch: {error}")
         elapsed = time.perf_counter() - start
         if self._observer is not None:
             tokens = int(arrays["attention_mask"].sum())
             padded = int(arrays["input_ids"].size)
             self._observer.batch_done(self.model, len(batch), tokens, padded, elapsed, alone=run is self._run_alone)
         self._deliver(batch, outputs, elapsed)
+        return None
 
     def _width(self, longest: int) -> int:
         return padded_width(longest, self.config.width_multiple, self.config.max_width)
@@ -471,10 +566,9 @@ class Batcher:
             request = item.request
             if request.dead:
                 continue
+            # views into the batch's arrays (each backend call returns new ones): no copy on the event loop
             request.outputs[item.index] = {
-                name: np.array(
-                    outputs[name][row, : item.length] if name in self.sequence_outputs else outputs[name][row]
-                )
+                name: outputs[name][row, : item.length] if name in self.sequence_outputs else outputs[name][row]
                 for name in self.output_names
             }
             request.remaining -= 1

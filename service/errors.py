@@ -7,6 +7,7 @@ caller should change. gRPC codes follow https://grpc.github.io/grpc/core/md_doc_
 
 from __future__ import annotations
 
+import secrets
 from typing import TypeVar
 
 import grpc
@@ -84,10 +85,33 @@ class BackendUnavailable(ServiceError):
     code = "backend_unavailable"
 
 
+class BackendBroken(BackendUnavailable):
+    """A backend reports that it can never serve again (its runtime is gone): its model is failed at once."""
+
+    code = "backend_broken"
+
+
+class ModelFailed(ServiceError):
+    """The model's batch loop or backend failed for good: the server is unlive and restarting; retry elsewhere."""
+
+    code = "model_failed"
+
+
 class BackendError(ServiceError):
     """The backend failed on a batch, or returned outputs that do not match its inputs."""
 
     code = "backend_error"
+
+
+class Internal(ServiceError):
+    """A bug in the server's own code on a request's path; the message carries the id its traceback is logged
+    with (`error_id`), so a caller's report finds the log line."""
+
+    code = "internal"
+
+    def __init__(self, message: str, error_id: str | None = None) -> None:
+        self.error_id = error_id or secrets.token_hex(8)
+        super().__init__(f"{message} (logged on the server as error {self.error_id})")
 
 
 # One table per transport. Lookup walks the class's MRO, so a subclass inherits its parent's status
@@ -101,6 +125,7 @@ HTTP_STATUS: dict[type[ServiceError], int] = {
     DeadlineExceeded: 504,
     NotReady: 503,
     BackendUnavailable: 503,
+    ModelFailed: 503,
     BackendError: 500,
     ServiceError: 500,
 }
@@ -113,6 +138,7 @@ GRPC_STATUS: dict[type[ServiceError], grpc.StatusCode] = {
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     NotReady: grpc.StatusCode.UNAVAILABLE,
     BackendUnavailable: grpc.StatusCode.UNAVAILABLE,
+    ModelFailed: grpc.StatusCode.UNAVAILABLE,
     BackendError: grpc.StatusCode.INTERNAL,
     ServiceError: grpc.StatusCode.INTERNAL,
 }

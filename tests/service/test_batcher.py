@@ -11,7 +11,18 @@ import numpy as np
 import pytest
 
 from service.batcher import BatchConfig, Batcher
-from service.errors import BackendError, DeadlineExceeded, InvalidInput, NotReady, Overloaded, grpc_status, http_status
+from service.errors import (
+    BackendBroken,
+    BackendError,
+    DeadlineExceeded,
+    Internal,
+    InvalidInput,
+    ModelFailed,
+    NotReady,
+    Overloaded,
+    grpc_status,
+    http_status,
+)
 
 
 @dataclass
@@ -378,3 +389,181 @@ def test_a_batch_with_nothing_beside_it_goes_to_run_alone() -> None:
     alone_sequential, streams_sequential, alone_burst, streams_burst = run(go())
     assert (alone_sequential, streams_sequential) == (3, 0)
     assert alone_burst <= 1 and streams_burst >= 5  # 24 features in batches of 4: at least 5 beside others
+
+
+# ---- failure paths: every caller answered at once, a model that fails for good says so ----------------------
+def test_an_exception_in_padding_fails_only_its_batch_at_once_and_the_loop_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Padding that raises on the batch holding id 666: its callers get Internal (500 / INTERNAL, with the id its
+    traceback is logged with) within a second, not at their deadline; the batch after it is served."""
+    import service.batcher
+
+    real_pad = service.batcher.pad_rows
+
+    def pad_rows(ids, *args):  # type: ignore[no-untyped-def]
+        if any(666 in row for row in ids):
+            raise RuntimeError("padding bug")
+        return real_pad(ids, *args)
+
+    monkeypatch.setattr(service.batcher, "pad_rows", pad_rows)
+
+    async def go() -> tuple[list[object], float, object]:
+        batcher = make(FakeBackend(), max_batch_size=4, max_wait_s=0.01)
+        await batcher.start()
+        try:
+            deadline = time.perf_counter() + 5
+            start = time.perf_counter()
+            jobs = [[Feat([666, 5], [0, 0])], [feat(3, 1)]]
+            failed = await asyncio.gather(*(batcher.submit(j, deadline) for j in jobs), return_exceptions=True)
+            elapsed = time.perf_counter() - start
+            after = await batcher.submit([feat(3, 2)], time.perf_counter() + 5)
+            return failed, elapsed, after
+        finally:
+            await batcher.close()
+
+    failed, elapsed, after = run(go())
+    assert elapsed < 1.0, elapsed
+    assert all(isinstance(error, Internal) for error in failed), failed
+    error = failed[0]
+    assert isinstance(error, Internal) and error.code == "internal" and error.error_id in error.message
+    assert http_status(error) == 500 and grpc_status(error) == grpc.StatusCode.INTERNAL
+    assert not isinstance(after, Exception) and len(after.outputs) == 1
+
+
+def test_a_killed_batch_loop_answers_its_waiters_at_once_and_fails_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop task dies (its batch cutting raises): every waiting caller gets ModelFailed (503 / UNAVAILABLE)
+    within a second, the failure hook hears it once, and later requests are refused before any work."""
+
+    def broken_cut(self: Batcher) -> list:  # type: ignore[type-arg]
+        raise RuntimeError("loop killed by the test")
+
+    monkeypatch.setattr(Batcher, "_take_batch", broken_cut)
+    heard: list[tuple[str, str]] = []
+
+    async def go() -> tuple[list[object], float, Batcher]:
+        batcher = Batcher(
+            "m", FakeBackend(), BatchConfig(max_batch_size=4, max_wait_s=0.01), output_names=("logits", "tokens"),
+            on_failure=lambda model, reason: heard.append((model, reason)),
+        )  # fmt: skip
+        await batcher.start()
+        try:
+            deadline = time.perf_counter() + 5
+            start = time.perf_counter()
+            outcomes = await asyncio.gather(
+                *(batcher.submit([feat(3, i)], deadline) for i in range(3)), return_exceptions=True
+            )
+            return outcomes, time.perf_counter() - start, batcher
+        finally:
+            await batcher.close()
+
+    outcomes, elapsed, batcher = run(go())
+    assert elapsed < 1.0, elapsed
+    assert all(isinstance(o, ModelFailed) for o in outcomes), outcomes
+    assert http_status(outcomes[0]) == 503 and grpc_status(outcomes[0]) == grpc.StatusCode.UNAVAILABLE  # type: ignore[arg-type]
+    assert len(heard) == 1 and heard[0][0] == "m" and "loop killed by the test" in heard[0][1]
+    assert batcher.failure == heard[0][1]
+    with pytest.raises(ModelFailed):
+        batcher.admit(1)
+
+
+def test_a_backend_that_reports_itself_broken_fails_the_model_at_once() -> None:
+    class Broken(FakeBackend):
+        async def __call__(self, arrays):  # type: ignore[no-untyped-def]
+            await super().__call__(arrays)
+            raise BackendBroken("the runtime is gone")
+
+    heard: list[str] = []
+
+    async def go() -> tuple[object, object]:
+        batcher = Batcher(
+            "m", Broken(delay=0.05), BatchConfig(max_batch_size=1, max_wait_s=0), output_names=("logits",),
+            on_failure=lambda model, reason: heard.append(reason),
+        )  # fmt: skip
+        await batcher.start()
+        try:
+            deadline = time.perf_counter() + 5
+            outcomes = await asyncio.gather(
+                *(batcher.submit([feat(3, i)], deadline) for i in range(3)), return_exceptions=True
+            )
+            try:
+                await batcher.submit([feat(3)], deadline)
+            except ModelFailed as error:
+                return outcomes, error
+            raise AssertionError("a failed model took a request")
+        finally:
+            await batcher.close()
+
+    outcomes, later = run(go())
+    assert isinstance(outcomes[0], BackendBroken)  # the batch that ran hears the backend's own 503
+    assert all(isinstance(o, ModelFailed) for o in outcomes[1:]), outcomes  # the waiting ones: failed at once
+    assert heard == ["the backend reports itself broken: the runtime is gone"]
+    assert isinstance(later, ModelFailed)
+
+
+def test_consecutive_failed_batches_fail_the_model_and_busy_answers_do_not_count() -> None:
+    """With a limit of 3: two failures, a success, two failures, two Overloaded answers leave it serving; the
+    third failure in a row fails it."""
+    script = ["fail", "fail", "ok", "fail", "fail", "busy", "busy", "fail", "ok"]
+
+    class Scripted(FakeBackend):
+        async def __call__(self, arrays):  # type: ignore[no-untyped-def]
+            step = script[len(self.calls)]
+            out = await super().__call__(arrays)
+            if step == "fail":
+                raise RuntimeError("bad batch")
+            if step == "busy":
+                raise Overloaded("busy")
+            return out
+
+    heard: list[str] = []
+
+    async def go() -> list[object]:
+        batcher = Batcher(
+            "m", Scripted(), BatchConfig(max_batch_size=1, max_wait_s=0, max_consecutive_failures=3),
+            output_names=("logits",), on_failure=lambda model, reason: heard.append(reason),
+        )  # fmt: skip
+        await batcher.start()
+        outcomes: list[object] = []
+        try:
+            for i in range(len(script)):
+                try:
+                    outcomes.append(await batcher.submit([feat(3, i)], time.perf_counter() + 5))
+                except Exception as error:
+                    outcomes.append(error)
+            return outcomes
+        finally:
+            await batcher.close()
+
+    outcomes = run(go())
+    kinds = [type(o).__name__ for o in outcomes]
+    failing, busy = ["BackendError"] * 2, ["Overloaded"] * 2
+    assert kinds == [*failing, "BatchResult", *failing, *busy, "BackendError", "ModelFailed"], kinds
+    assert len(heard) == 1 and heard[0].startswith("3 batches in a row failed") and "bad batch" in heard[0]
+
+
+def test_delivered_rows_are_views_of_the_batch_outputs() -> None:
+    """Each request's rows are slices of the arrays the backend returned (no copy on the event loop), still
+    trimmed to the row's own tokens and one per input."""
+    returned: list[dict[str, np.ndarray]] = []
+
+    async def keep(arrays):  # type: ignore[no-untyped-def]
+        outputs = await FakeBackend()(arrays)
+        returned.append(outputs)
+        return outputs
+
+    async def go() -> list:
+        batcher = make(keep, max_batch_size=8, max_wait_s=0.01)
+        await batcher.start()
+        try:
+            deadline = time.perf_counter() + 5
+            return await asyncio.gather(*(batcher.submit([feat(3 + i, i)], deadline) for i in range(4)))
+        finally:
+            await batcher.close()
+
+    results = run(go())
+    assert len(returned) == 1
+    for i, result in enumerate(results):
+        (row,) = result.outputs
+        assert np.shares_memory(row["logits"], returned[0]["logits"])
+        assert np.shares_memory(row["tokens"], returned[0]["tokens"]) and row["tokens"].shape[0] == 3 + i

@@ -48,7 +48,10 @@ INTENDED_STATUS = {
     "DeadlineExceeded": (504, Code.DEADLINE_EXCEEDED),
     "NotReady": (503, Code.UNAVAILABLE),
     "BackendUnavailable": (503, Code.UNAVAILABLE),
+    "BackendBroken": (503, Code.UNAVAILABLE),
+    "ModelFailed": (503, Code.UNAVAILABLE),
     "BackendError": (500, Code.INTERNAL),
+    "Internal": (500, Code.INTERNAL),
 }
 """Every domain error's (HTTP, gRPC) status, as the README's error table documents them."""
 
