@@ -86,6 +86,13 @@ def loadtest(
     ] = None,
     startup_timeout: Annotated[float, typer.Option(help="Seconds a started server may take to be ready.")] = 300.0,
     seed: Annotated[int, typer.Option(help="Seed of payload sampling and each user's choices.")] = 0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="Locust's distributed mode: one master and this many worker processes share the users (for loads "
+            "one locust process cannot generate: it uses one core). 0 = one process."
+        ),
+    ] = 0,
 ) -> None:
     """Load-test the service with locust: summary, report, plot, history. Exit 3: regression; 4: failed check."""
     from loadtests.runner import LoadGeneratorError, RunOptions, execute, plan_run
@@ -98,7 +105,7 @@ def loadtest(
         payload_limit=payload_limit, users=users, duration_s=duration, spawn_rate=spawn_rate,
         results_dir=results_dir, history=history, baseline=baseline, tag=tag,
         max_p99_increase=max_p99_increase, max_rps_drop=max_rps_drop, server_args=list(server_arg or []),
-        startup_timeout_s=startup_timeout, seed=seed,
+        startup_timeout_s=startup_timeout, seed=seed, workers=workers,
     )  # fmt: skip
     with exit_on_user_error():
         plan = plan_run(options)

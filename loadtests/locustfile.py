@@ -9,6 +9,9 @@ metadata); the samples are written when the test stops, and a progress file is r
 runner's progress line.
 `ProfileShape` follows the profile's stages. Run by `bertserve loadtest`; by hand:
 `locust -f loadtests/locustfile.py --headless --bertserve-config run/config.json --host http://127.0.0.1:8000`.
+In locust's distributed mode (`bertserve loadtest --workers N`: one `--master`, N `--worker` processes) the
+requests run on the workers: each writes its own samples and progress files, named by the worker index in
+`BERTSERVE_LOADTEST_WORKER` (`worker_path`); the master runs the load shape and writes locust's CSVs.
 Reference: https://docs.locust.io/en/stable/testing-other-systems.html (gRPC with gevent, request events).
 """
 
@@ -25,10 +28,19 @@ import gevent
 import grpc
 import grpc.experimental.gevent as grpc_gevent
 from locust import FastHttpUser, LoadTestShape, User, constant, events, task
+from locust.runners import MasterRunner
 
 from loadtests.endpoints import ENDPOINTS, Endpoint
 from loadtests.payloads import Payloads
-from loadtests.samples import Sample, grpc_outcome, rest_outcome, server_times, write_samples
+from loadtests.samples import (
+    WORKER_ENV,
+    Sample,
+    grpc_outcome,
+    rest_outcome,
+    server_times,
+    worker_path,
+    write_samples,
+)
 from proto.stubs import load_stubs
 
 grpc_gevent.init_gevent()  # before any channel: lets grpc cooperate with gevent's monkey-patched sockets
@@ -40,6 +52,12 @@ SAMPLES: list[Sample] = []
 COUNTS = {outcome: 0 for outcome in ("ok", "rejected", "timeout", "error")}
 _CLOCK = {"start": time.perf_counter(), "written": False}
 PROGRESS_WINDOW_S = 5.0
+WORKER = os.environ.get(WORKER_ENV, "")
+"""This process's worker index in distributed mode; empty for a single process (and the master)."""
+
+
+def _own_path(key: str) -> Path:
+    return worker_path(CONFIG[key], WORKER) if WORKER else Path(CONFIG[key])
 
 
 @events.init_command_line_parser.add_listener
@@ -62,10 +80,17 @@ def _configure(environment: Any, **_: Any) -> None:
         )
 
 
+def _sends_requests(environment: Any) -> bool:
+    """False on the master of a distributed run: its workers send the requests (and record them)."""
+    return not isinstance(environment.runner, MasterRunner)
+
+
 @events.test_start.add_listener
 def _start(environment: Any, **_: Any) -> None:
     _CLOCK["start"] = time.perf_counter()
-    if CONFIG.get("progress_path"):
+    if not _sends_requests(environment):
+        _CLOCK["written"] = True
+    elif CONFIG.get("progress_path"):
         gevent.spawn(_progress_loop, environment)
 
 
@@ -83,7 +108,7 @@ def _write_samples() -> None:
     if _CLOCK["written"] or not CONFIG.get("samples_path"):
         return
     _CLOCK["written"] = True
-    write_samples(Path(CONFIG["samples_path"]), SAMPLES)
+    write_samples(_own_path("samples_path"), SAMPLES)
 
 
 @events.request.add_listener
@@ -108,7 +133,7 @@ def _record(
 
 
 def _progress_loop(environment: Any) -> None:
-    path = Path(CONFIG["progress_path"])
+    path = _own_path("progress_path")
     while True:
         gevent.sleep(1.0)
         now = time.perf_counter() - _CLOCK["start"]
@@ -144,7 +169,7 @@ class _MixUser(User):
     wait_time = constant(0)
 
     def on_start(self) -> None:
-        self.rng = random.Random(f"{CONFIG.get('seed', 0)}-{self.protocol}-{id(self)}")
+        self.rng = random.Random(f"{CONFIG.get('seed', 0)}-{WORKER}-{self.protocol}-{id(self)}")
         mix = {name: w for name, w in CONFIG.get("mix", {}).items() if ENDPOINTS[name].protocol == self.protocol}
         self.endpoints = [ENDPOINTS[name] for name in mix]
         self.weights = list(mix.values())

@@ -117,6 +117,9 @@ def _target_section(label: str, target: dict[str, Any]) -> list[str]:
         lines += [f"External service at {target.get('http_url') or ''} {target.get('grpc_target') or ''}.", ""]
     cpu = [f"{name} {target[key]:.1f}" for name, key in (("server", "server_cpu_s"), ("locust", "loadgen_cpu_s"))
            if target.get(key) is not None]  # fmt: skip
+    processes = (target.get("loadgen") or {}).get("processes", [])
+    if len(processes) > 1:
+        cpu[-1] += " (" + ", ".join(f"{p['role']} {p['cpu_s']:.1f}" for p in processes) + ")"
     if cpu:
         lines += [f"CPU seconds used while the load ran: {', '.join(cpu)}.", ""]
     lines += [endpoint_table(target["summary"]), ""]

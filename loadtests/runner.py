@@ -4,7 +4,8 @@ Order of work: (1) check every input before any load: profile, mix, thresholds, 
 read now), loopback-only hosts, history and baseline, an external host's health; (2) per target (with
 `--peers`: the naive peer, the triton peer, ours without batching, then ours with batching; or one target)
 start the server if needed, run locust in a
-subprocess with the profile's load shape, show a progress line, stop the server; (3) write
+subprocess with the profile's load shape (with `--workers N`: locust's distributed mode, a master on
+127.0.0.1 and N worker processes whose samples are merged), show a progress line, stop the server; (3) write
 `<results>/<timestamp>-<profile>/`: locust's CSVs, `<target>_samples.csv`, `summary.json`, `report.md`,
 `latency.png`; append to the history file and compare with the previous run (or a baseline).
 Exit status: 0; 3 = a regression beyond the thresholds; 4 = a check of the profile failed (both: 4).
@@ -23,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from loadtests import endpoints as ep
 from loadtests.history import (
@@ -40,15 +41,18 @@ from loadtests.plot import plot_run
 from loadtests.profiles import Profile, get_profile
 from loadtests.report import peer_rows, render_report
 from loadtests.safety import check_grpc_target, check_http_url
-from loadtests.samples import Sample, read_samples
+from loadtests.samples import WORKER_ENV, Sample, read_samples, worker_path, write_samples
 from loadtests.summary import ALL, stage_figures, summarize
 from loadtests.targets import (
+    LOOPBACK,
     REPO,
     RunningServer,
     Target,
     check_external,
+    free_port,
     ours_command,
     peer_command,
+    process_cpu_seconds,
     triton_venv_problem,
 )
 
@@ -57,6 +61,7 @@ DEFAULT_RESULTS = REPO / "loadtests" / "results"
 DEFAULT_BUNDLES_DIR = REPO / "artifacts" / "bundles"
 DEFAULT_MODELS = {"classify": "minilm-sst2", "qa": "minilm-squad", "ner": "minilm-conll03", "embed": "minilm"}
 EXIT_OK, EXIT_REGRESSION, EXIT_CHECKS = 0, 3, 4
+MAX_WORKERS = 32
 PEERS = ("naive", "triton", "ours-no-batching")
 """What `--peers` runs beside ours with batching, in this order (`--skip-peer` leaves one out)."""
 
@@ -95,6 +100,8 @@ class RunOptions:
     server_args: list[str] = field(default_factory=list)
     startup_timeout_s: float = 300.0
     seed: int = 0
+    workers: int = 0
+    """0: one locust process; N: locust's distributed mode, a master and N worker processes."""
 
 
 @dataclass
@@ -157,6 +164,8 @@ def _check_numbers(options: RunOptions) -> None:
         )
     if options.startup_timeout_s <= 0:
         raise ValueError(f"--startup-timeout must be positive, got {options.startup_timeout_s}")
+    if not 0 <= options.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be between 0 (one locust process) and {MAX_WORKERS}, got {options.workers}")
 
 
 def _external_target(options: RunOptions, mix: ep.Mix) -> Target:
@@ -226,13 +235,85 @@ def plan_run(options: RunOptions) -> Plan:
 
 
 # ---- one target ---------------------------------------------------------------------------------------
-def locust_command(target: Target, config_path: Path, csv_prefix: Path) -> list[str]:
-    classes = [name for name, kind in (("RestUser", "rest"), ("GrpcUser", "grpc")) if kind in ep.protocols(target.mix)]
-    return [
+WORKER_WAIT_S = 60
+"""Longest the master of a distributed run waits for its workers to connect."""
+
+
+def _user_classes(target: Target) -> list[str]:
+    return [name for name, kind in (("RestUser", "rest"), ("GrpcUser", "grpc")) if kind in ep.protocols(target.mix)]
+
+
+def locust_command(
+    target: Target, config_path: Path, csv_prefix: Path, workers: int = 0, master_port: int | None = None
+) -> list[str]:
+    """The headless locust run of `target`: one process, or (`workers` > 0) the master of a distributed run that
+    waits for `workers` workers on 127.0.0.1:`master_port` and writes the CSVs of their aggregated stats."""
+    command = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
         "--loglevel", "WARNING", "--csv", str(csv_prefix), "--csv-full-history", "--exit-code-on-error", "0",
-        "--host", target.http_url or "http://127.0.0.1", "--bertserve-config", str(config_path), *classes,
+        "--host", target.http_url or "http://127.0.0.1", "--bertserve-config", str(config_path),
     ]  # fmt: skip
+    if workers:
+        command += ["--master", "--master-bind-host", LOOPBACK, "--master-bind-port", str(master_port)]
+        command += ["--expect-workers", str(workers), "--expect-workers-max-wait", str(WORKER_WAIT_S)]
+    return [*command, *_user_classes(target)]
+
+
+def worker_command(target: Target, config_path: Path, master_port: int) -> list[str]:
+    """A locust worker that takes its users from the master on 127.0.0.1:`master_port`."""
+    return [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker", "--master-host", LOOPBACK,
+        "--master-port", str(master_port), "--loglevel", "WARNING", "--host", target.http_url or "http://127.0.0.1",
+        "--bertserve-config", str(config_path), *_user_classes(target),
+    ]  # fmt: skip
+
+
+@dataclass
+class LoadProcess:
+    """One locust process of a run and the CPU seconds it had used when last seen."""
+
+    role: str
+    """`locust` (a single process), `master` or `worker N`."""
+    process: subprocess.Popen[bytes]
+    cpu_s: float = 0.0
+
+    def refresh_cpu(self) -> None:
+        seen = process_cpu_seconds(self.process.pid)
+        if seen is not None:
+            self.cpu_s = seen
+
+
+def merge_progress(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One progress record from the workers' own: counts, users and ok/s added up, the worst p50 / p99."""
+    if len(parts) == 1:
+        return parts[0]
+    counts: dict[str, int] = {}
+    for part in parts:
+        for outcome, count in part.get("counts", {}).items():
+            counts[outcome] = counts.get(outcome, 0) + int(count)
+
+    def worst(key: str) -> float | None:
+        values = [part[key] for part in parts if part.get(key) is not None]
+        return max(values) if values else None
+
+    return {
+        "t": max(float(part.get("t", 0)) for part in parts),
+        "users": sum(int(part.get("users", 0)) for part in parts),
+        "counts": counts,
+        "ok_rps": sum(float(part.get("ok_rps", 0)) for part in parts),
+        "p50_ms": worst("p50_ms"),
+        "p99_ms": worst("p99_ms"),
+    }
+
+
+def _read_progress(paths: list[Path]) -> dict[str, Any] | None:
+    parts = []
+    for path in paths:
+        try:
+            parts.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return merge_progress(parts) if parts else None
 
 
 def _progress_line(label: str, profile: Profile, progress: dict[str, Any]) -> str:
@@ -247,21 +328,26 @@ def _progress_line(label: str, profile: Profile, progress: dict[str, Any]) -> st
     )
 
 
-def _watch(process: subprocess.Popen[bytes], progress_path: Path, label: str, profile: Profile, out: TextIO) -> int:
-    """Wait for locust, printing the progress line (in place on a terminal, every 5 s otherwise)."""
-    limit = time.monotonic() + profile.duration_s + 120
+def _watch(processes: list[LoadProcess], progress_paths: list[Path], label: str, profile: Profile, out: TextIO) -> int:
+    """Wait for locust (the first process: the only one, or the master), printing the progress line (in place on
+    a terminal, every 5 s otherwise) and noting every process's CPU time."""
+    main = processes[0].process
+    allowed_s = profile.duration_s + 120 + (WORKER_WAIT_S if len(processes) > 1 else 0)
+    limit = time.monotonic() + allowed_s
     interactive = out.isatty()
     last_print = 0.0
     line = printed = ""
-    while process.poll() is None:
+    while main.poll() is None:
         if time.monotonic() > limit:
-            process.kill()
-            raise LoadGeneratorError(f"locust did not finish within {profile.duration_s + 120:.0f}s for {label}")
+            main.kill()
+            raise LoadGeneratorError(f"locust did not finish within {allowed_s:.0f}s for {label}")
         time.sleep(0.5)
-        try:
-            line = _progress_line(label, profile, json.loads(progress_path.read_text()))
-        except (OSError, ValueError):
+        for process in processes:
+            process.refresh_cpu()
+        progress = _read_progress(progress_paths)
+        if progress is None:
             continue
+        line = _progress_line(label, profile, progress)
         if interactive:
             out.write("\r" + line)
             out.flush()
@@ -272,7 +358,7 @@ def _watch(process: subprocess.Popen[bytes], progress_path: Path, label: str, pr
         out.write("\n")
     elif line != printed:
         out.write(line + "\n")
-    return int(process.returncode)
+    return int(main.returncode)
 
 
 def _children_cpu_s() -> float:
@@ -280,8 +366,50 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_locust(target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO) -> tuple[list[Sample], float]:
-    """Drive `target` with the profile; the samples of every request and locust's CPU seconds."""
+def _start_locust(target: Target, config_path: Path, run_dir: Path, workers: int, log: IO[bytes]) -> list[LoadProcess]:
+    """The locust processes of one target: [locust], or [master, worker 1, ..., worker N] (all logging to `log`)."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    master_port = free_port() if workers else None
+    command = locust_command(target, config_path, run_dir / target.label, workers, master_port)
+    started = [LoadProcess("master" if workers else "locust", _popen(command, environment, log))]
+    for index in range(1, workers + 1):
+        assert master_port is not None
+        worker_environment = {**environment, WORKER_ENV: str(index)}
+        command = worker_command(target, config_path, master_port)
+        started.append(LoadProcess(f"worker {index}", _popen(command, worker_environment, log)))
+    return started
+
+
+def _popen(command: list[str], environment: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(command, cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop_workers(processes: list[LoadProcess], timeout_s: float = 30.0) -> None:
+    """Wait for the workers (the master tells them to quit when it ends), killing any still running after
+    `timeout_s`; the master is killed if it is still running (a failed watch)."""
+    deadline = time.monotonic() + timeout_s
+    for load_process in processes:
+        process = load_process.process
+        if load_process.role in ("locust", "master") and process.poll() is None:
+            process.kill()
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _own_files(path: Path, workers: int) -> list[Path]:
+    """The files a run writes where its config says `path`: that one, or one per worker."""
+    return [worker_path(path, index) for index in range(1, workers + 1)] if workers else [path]
+
+
+def run_locust(
+    target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO, workers: int = 0
+) -> tuple[list[Sample], dict[str, Any]]:
+    """Drive `target` with the profile (one locust process, or a master and `workers` workers); the samples of
+    every request and the load generator's CPU: `cpu_s` (every locust process, from their rusage once ended)
+    and `processes` (role and CPU seconds of each, as last seen while it ran)."""
     config_path = run_dir / f"{target.label}_config.json"
     samples_path = run_dir / f"{target.label}_samples.csv"
     progress_path = run_dir / f".{target.label}_progress.json"
@@ -297,22 +425,31 @@ def run_locust(target: Target, plan: Plan, run_dir: Path, seed: int, out: TextIO
         "seed": seed,
     }
     config_path.write_text(json.dumps(config, indent=2))
-    command = locust_command(target, config_path, run_dir / target.label)
-    environment = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(run_dir / f"{target.label}_locust.log", "w") as log:
-        cpu_before = _children_cpu_s()  # locust is the only child reaped until it ends
-        process = subprocess.Popen(command, cwd=REPO, env=environment, stdout=log, stderr=subprocess.STDOUT)
+    log_path = run_dir / f"{target.label}_locust.log"
+    with open(log_path, "wb") as log:
+        cpu_before = _children_cpu_s()  # the locust processes are the only children reaped until they end
+        processes = _start_locust(target, config_path, run_dir, workers, log)
         try:
-            code = _watch(process, progress_path, target.label, plan.profile, out)
-            loadgen_cpu_s = round(_children_cpu_s() - cpu_before, 2)
+            code = _watch(processes, _own_files(progress_path, workers), target.label, plan.profile, out)
         finally:
-            if process.poll() is None:
-                process.kill()
-    progress_path.unlink(missing_ok=True)
-    if code != 0 or not samples_path.exists():
-        tail = "\n".join((run_dir / f"{target.label}_locust.log").read_text(errors="replace").splitlines()[-15:])
+            _stop_workers(processes)
+        loadgen = {
+            "workers": workers,
+            "cpu_s": round(_children_cpu_s() - cpu_before, 2),
+            "processes": [{"role": p.role, "cpu_s": round(p.cpu_s, 2)} for p in processes],
+        }
+    for path in _own_files(progress_path, workers):
+        path.unlink(missing_ok=True)
+    written = _own_files(samples_path, workers)
+    if code != 0 or not all(path.exists() for path in written):
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
         raise LoadGeneratorError(f"locust failed for {target.label} (exit {code}):\n{tail}")
-    return read_samples(samples_path), loadgen_cpu_s
+    samples = sorted((s for path in written for s in read_samples(path)), key=lambda sample: sample.t_end)
+    if workers:  # one file per target, as a single process writes it
+        write_samples(samples_path, samples)
+        for path in written:
+            path.unlink()
+    return samples, loadgen
 
 
 def run_target(target: Target, plan: Plan, run_dir: Path, options: RunOptions, out: TextIO) -> dict[str, Any]:
@@ -331,12 +468,14 @@ def run_target(target: Target, plan: Plan, run_dir: Path, options: RunOptions, o
         with RunningServer(target, run_dir / f"{target.label}_server.log") as server:
             info["ready_s"] = round(server.wait_ready(options.startup_timeout_s), 2)
             server_start = server.cpu_seconds()
-            samples, info["loadgen_cpu_s"] = run_locust(target, plan, run_dir, options.seed, out)
+            samples, loadgen = run_locust(target, plan, run_dir, options.seed, out, options.workers)
             server_end = server.cpu_seconds()
         if server_start is not None and server_end is not None:
             info["server_cpu_s"] = round(server_end - server_start, 2)
     else:
-        samples, info["loadgen_cpu_s"] = run_locust(target, plan, run_dir, options.seed, out)
+        samples, loadgen = run_locust(target, plan, run_dir, options.seed, out, options.workers)
+    info["loadgen_cpu_s"] = loadgen["cpu_s"]
+    info["loadgen"] = loadgen
     info["summary"] = summarize(samples, plan.profile.warmup_s)
     if len(plan.profile.stages) > 1:
         info["summary"]["stages"] = stage_figures(samples, [(s.end_s, s.users) for s in plan.profile.stages])

@@ -19,6 +19,8 @@ OUTCOMES: tuple[str, ...] = ("ok", "rejected", "timeout", "error")
 QUEUE_HEADER = "x-queue-time-ms"
 INFERENCE_HEADER = "x-inference-time-ms"
 TIMEOUT_WORDS = ("timeout", "timed out")
+WORKER_ENV = "BERTSERVE_LOADTEST_WORKER"
+"""Set to a locust worker's index (1, 2, ...) in distributed mode: it writes its own samples and progress files."""
 
 
 @dataclass
@@ -72,6 +74,12 @@ def server_times(headers: Mapping[str, str] | Iterable[tuple[str, str]] | None) 
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample))
+
+
+def worker_path(path: str | Path, worker: str | int) -> Path:
+    """Where worker `worker` writes the file a run's config names `path`: `x_samples.csv` -> `x_samples.worker1.csv`."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.worker{worker}{path.suffix}")
 
 
 def write_samples(path: Path, samples: Iterable[Sample]) -> int:

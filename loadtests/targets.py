@@ -130,6 +130,20 @@ def check_external(target: Target) -> None:
             raise ValueError(f"--grpc-host {target.grpc_target} is not serving (gRPC health: {what})")
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (the state is field 0); OSError when gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds process `pid` has used (Linux /proc; None when it is gone or elsewhere)."""
+    try:
+        fields = _stat_fields(pid)
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _process_stats() -> dict[int, tuple[int, float]]:
     """pid -> (parent pid, user + system CPU seconds) of every process /proc shows."""
     ticks = os.sysconf("SC_CLK_TCK")
@@ -138,7 +152,7 @@ def _process_stats() -> dict[int, tuple[int, float]]:
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(entry.name)
         except (OSError, IndexError):
             continue  # ended meanwhile
         stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)  # ppid, utime, stime

@@ -78,6 +78,8 @@ def _options(tmp_path: Path, **overrides: object) -> RunOptions:
         ({"duration_s": 0.5}, ValueError, "warm-up"),
         ({"models": "classify=/nonexistent/bundle"}, FileNotFoundError, "no serving bundle '/nonexistent/bundle'"),
         ({"mix": "/ner", "bundles_dir": Path("/nonexistent")}, FileNotFoundError, "no serving bundle 'minilm-conll03'"),
+        ({"workers": -1}, ValueError, "--workers must be between 0"),
+        ({"workers": 33}, ValueError, "--workers must be between 0"),
     ],
 )
 def test_bad_input_is_refused(tmp_path: Path, overrides: dict, error: type, message: str) -> None:
