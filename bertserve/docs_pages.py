@@ -326,16 +326,15 @@ def _run_table(run: list[dict[str, Any]]) -> str:
         )
     first = run[0]
     machine = first.get("machine", {})
-    profile, tag = first["profile"], first.get("tag")
-    command = f"bertserve loadtest --profile {profile} --mix {_ours_endpoint(run).removesuffix('=1')}" + (
-        f" --tag {tag}" if tag else ""
-    )
+    mix = ",".join(item.removesuffix("=1") for item in _ours_endpoint(run).split(","))
+    peers = " --peers" if len(run) > 1 else ""
     head = (
         f"Run `{first['run_id']}` ({first['created'][:16].replace('T', ' ')} UTC, git {first.get('git')}, "
-        f"{machine.get('cpus')} CPUs, {machine.get('platform')}; the history records no CPU model), "
-        f"users@seconds {first['shape']}, `{command}`:\n\n"
+        f"{machine.get('cpus')} CPUs, {machine.get('platform')}; the history records no CPU model): "
+        f"`bertserve loadtest --profile {first['profile']} --mix {mix}{peers}`, tag `{first.get('tag')}`, "
+        f"{first['shape'].replace('@', ' users for ')} s:\n\n"
     )
-    header = ["target", "endpoints", "ok/s", "p50 ms", "p99 ms", "error rate", "ok/s vs naive", "ok/s vs triton"]
+    header = ["target", "endpoints", "ok/s", "p50 ms", "p99 ms", "rejected or failed", "ok/s vs naive", "vs triton"]
     return head + table(header, rows)
 
 
@@ -351,7 +350,8 @@ def _loadtest_block(root: Path) -> str | None:
             latest[(run[0]["profile"], _ours_endpoint(run))] = run
     if not latest:
         return None
-    tables = [_run_table(run) for _, run in sorted(latest.items())]
+    order = sorted(latest, key=lambda key: (key[0] != "steady", latest[key][0]["created"]))
+    tables = [_run_table(latest[key]) for key in order]
     return f"From `loadtests/results/history.jsonl` (regenerate: `{REGENERATE}`).\n\n" + "\n".join(tables)
 
 
