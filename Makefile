@@ -111,7 +111,7 @@ browser-deps:
 PLAYGROUND_SHOTS ?= artifacts/playground
 # Each tab of the playground, an error and the API-key prompt as PNGs in $(PLAYGROUND_SHOTS), taken by the browser
 # test against the default models (tiny random ones where artifacts/bundles lacks them, and then docs/ is left
-# alone); the QA and NER shots go to docs/ for the README.
+# alone); the QA and NER shots go to docs/ for the serving page.
 playground-screenshots: install browser-deps
 	rm -rf $(PLAYGROUND_SHOTS)
 	PLAYGROUND_SCREENSHOTS=$(PLAYGROUND_SHOTS) $(PY) -m pytest tests/service/test_playground.py -q -p no:cacheprovider
@@ -173,7 +173,7 @@ $(foreach name,$(DEFAULT_BUNDLES),$(eval $(call loadtest_bundle_rule,$(name))))
 loadtest: install proto $(LOADTEST_BUNDLES)
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile $(LOADTEST_PROFILE) $(LOADTEST_ARGS)
 
-# The README's measured runs (about 20 minutes): /classify, QA.Extract and /embed at 32 users beside the naive
+# The measured runs of docs/benchmarks.md (about 20 minutes): /classify, QA.Extract and /embed at 32 users beside the naive
 # and the triton peer, then the overload profile.
 loadtest-acceptance: install proto triton-venv $(LOADTEST_BUNDLES)
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile steady --peers --mix /classify \
@@ -197,7 +197,7 @@ default-models: install
 	done
 
 # ---- pretraining ------------------------------------------------------------------------------------------
-# `make pretrain-demo` reproduces the README's acceptance run: a `mini` BERT from scratch on WikiText-2
+# `make pretrain-demo` reproduces the acceptance run of docs/pretraining.md: a `mini` BERT from scratch on WikiText-2
 # (valid + test) + Tiny Shakespeare: 28 minutes of training (a wall-clock budget) on 2 CPU cores, from the
 # start that leaves the masked-LM plateau in time (--attention-init local, see local_attention.py). The
 # vocabulary and the data are built once (WordPiece training is not bit-reproducible, tokenizers#1794), so

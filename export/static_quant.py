@@ -11,8 +11,8 @@ built-in sentences), one unpadded example per calibration call so padding never 
 plugin turns each QDQ pair into a FakeQuantize and runs the MatMuls in int8 (AMX / VNNI); what stays float runs
 in bf16 (`INFERENCE_PRECISION_HINT`). ONNX Runtime runs the same file too (QDQ on its CPU provider).
 
-`KEPT_FLOAT` names the nodes left unquantized, because per-tensor int8 there moves predictions most (the
-README's export section has the measurements): the attention score and context MatMuls (Q·Kᵀ, softmax·V: their
+`KEPT_FLOAT` names the nodes left unquantized, because per-tensor int8 there moves predictions most
+(docs/export.md has the measurements): the attention score and context MatMuls (Q·Kᵀ, softmax·V: their
 inputs are activations on both sides, a per-tensor range fits neither well, and at 128 tokens they are a small
 share of the work), the second feed-forward MatMul of every layer (its input is the GELU output, whose rare large
 values set a per-tensor range that leaves the common small ones a few levels), and the task heads.

@@ -54,7 +54,7 @@ Rows = dict[str, list[np.ndarray]]
 SEQUENCE_OUTPUTS = ("start_logits", "end_logits")
 DEFAULT_GUARD_LIMIT = 1000
 """Examples judged by default: a 1-point F1 guard needs hundreds of questions (one weighs 100 / N F1 points), and
-a thousand still keep an export short (the README's export section has the measurements)."""
+a thousand still keep an export short (docs/export.md, "Accuracy guards", has the measurements)."""
 TaskOptions = ClassifyOptions | QAOptions | NEROptions
 
 

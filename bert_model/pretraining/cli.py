@@ -1,7 +1,7 @@
 """`bertserve pretrain-vocab`, `pretrain-data` and `pretrain`: the pretraining stages on the command line.
 
 The same `pretrain` command runs data-parallel under torchrun, e.g.
-`torchrun --nproc_per_node 2 -m bertserve pretrain ...` (see the README's pretraining section). Heavy imports
+`torchrun --nproc_per_node 2 -m bertserve pretrain ...` (see docs/pretraining.md). Heavy imports
 (torch) happen inside the command bodies.
 """
 

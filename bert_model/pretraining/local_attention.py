@@ -2,7 +2,7 @@
 
 Why: a BERT trained from scratch sits on a plateau, predicting masked tokens from the unigram distribution, until
 its attention finds the neighbouring tokens, where most of masked LM's signal is; starting layer 0 on them takes
-that search out of a short run (the README's pretraining section has the measurements).
+that search out of a short run (docs/pretraining.md has the measurements).
 
 What: only the starting weights change; the architecture is BERT's and the checkpoint loads in Hugging Face.
 1. Positions get their own subspace: the first `head_dim` hidden dimensions of the (learned) position table start

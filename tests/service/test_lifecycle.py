@@ -53,7 +53,7 @@ INTENDED_STATUS = {
     "BackendError": (500, Code.INTERNAL),
     "Internal": (500, Code.INTERNAL),
 }
-"""Every domain error's (HTTP, gRPC) status, as the README's error table documents them."""
+"""Every domain error's (HTTP, gRPC) status, as docs/reference/errors.md lists them."""
 
 
 def test_every_domain_error_maps_to_its_intended_status() -> None:
