@@ -243,3 +243,34 @@ docker-wheels:
 # metrics / locust requests, down (exit 0, drained). Skips with the reason when no engine can be started.
 compose-test: install proto docker-wheels
 	$(PY) -m pytest -m containers tests/containers $(PYTEST_ARGS)
+
+# ---- deployment: Kubernetes manifests, replicas behind a balancer ---------------------------------------
+.PHONY: deploy-venv promtool deploy-check scale-test
+# kubernetes-validate and checkov (pyproject's deploy extra) in a venv of their own: checkov pins much of its
+# dependency tree. The stamp is named after the extra's list: changing it installs again.
+DEPLOY_VENV ?= .venv-deploy
+DEPLOY_PACKAGES = $(shell $(PYTHON) -c "import tomllib; print(' '.join(repr(p) for p in \
+	tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['deploy']))")
+DEPLOY_STAMP = $(DEPLOY_VENV)/.stamp-$(shell echo '$(DEPLOY_PACKAGES)' | cksum | cut -d' ' -f1)
+deploy-venv: $(DEPLOY_STAMP)
+$(DEPLOY_STAMP):
+	test -x $(DEPLOY_VENV)/bin/python || $(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DEPLOY_VENV)/bin/python -m pip install -q $(DEPLOY_PACKAGES)
+	rm -f $(DEPLOY_VENV)/.stamp*
+	touch $@
+
+# promtool (Prometheus's rule tester) from Debian's prometheus package; apt (as root) runs only when it is missing.
+promtool:
+	@if command -v promtool >/dev/null; then echo "promtool is installed"; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; fi
+
+# Offline: every overlay of deploy/kubernetes rendered, validated (--strict, Kubernetes 1.32) and checked by checkov,
+# and the Prometheus recording rules' unit tests (deploy/check).
+deploy-check: deploy-venv promtool
+	KUBERNETES_VALIDATE=$(DEPLOY_VENV)/bin/kubernetes-validate CHECKOV=$(DEPLOY_VENV)/bin/checkov deploy/check
+
+# 3 api replicas behind HAProxy with Prometheus on a real engine (docker-compose.scale.yml): the share of each
+# replica, a replica killed under load, a rolling restart under load. Reuses the api image that compose-test built.
+scale-test: install proto docker-wheels promtool
+	$(PY) -m pytest -m scale tests/deploy $(PYTEST_ARGS)
