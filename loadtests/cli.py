@@ -93,6 +93,14 @@ def loadtest(
             "one locust process cannot generate: it uses one core). 0 = one process."
         ),
     ] = 0,
+    hostile: Annotated[
+        str | None,
+        typer.Option(
+            help="--profile hostile: sizes and bounds as KEY=VALUE,..., e.g. 'values=100,flood=200,"
+            "slow_timeout_s=5,phases=distinct+flood' (keys: the fields of loadtests.hostile.HostileConfig; "
+            "max_inputs, max_text_chars, max_body_bytes must match the server's limits)."
+        ),
+    ] = None,
 ) -> None:
     """Load-test the service with locust: summary, report, plot, history. Exit 3: regression; 4: failed check."""
     from loadtests.runner import LoadGeneratorError, RunOptions, execute, plan_run
@@ -105,7 +113,7 @@ def loadtest(
         payload_limit=payload_limit, users=users, duration_s=duration, spawn_rate=spawn_rate,
         results_dir=results_dir, history=history, baseline=baseline, tag=tag,
         max_p99_increase=max_p99_increase, max_rps_drop=max_rps_drop, server_args=list(server_arg or []),
-        startup_timeout_s=startup_timeout, seed=seed, workers=workers,
+        startup_timeout_s=startup_timeout, seed=seed, workers=workers, hostile=hostile,
     )  # fmt: skip
     with exit_on_user_error():
         plan = plan_run(options)
@@ -124,7 +132,8 @@ def _print_result(summary: dict, run_dir: Path) -> None:
     out = sys.stdout
     out.write("\n" + peer_table(summary["comparison"]) + "\n\n")
     for check in summary["checks"]:
-        out.write(f"{'PASS' if check['passed'] else 'FAIL'} {check['target']}: {check['description']}\n")
+        verdict = "SKIP" if check.get("skipped") else "PASS" if check["passed"] else "FAIL"
+        out.write(f"{verdict} {check['target']}: {check['description']}\n")
     for label, regression in summary["regression"].items():
         if regression["reference"] is None:
             out.write(f"{label}: no earlier run to compare with\n")

@@ -1,5 +1,6 @@
 """The PNG of a run: accepted-request latency percentiles (top, log scale) and throughput (bottom) over time,
-one colour per target, one point per second of completion time. Rendered with matplotlib's Agg backend."""
+one colour per target, one point per second of completion time; and of the hostile profile, the server's RSS
+over its phases. Rendered with matplotlib's Agg backend."""
 
 from __future__ import annotations
 
@@ -53,6 +54,33 @@ def plot_run(
     bottom.set_ylabel("requests per second")
     bottom.set_xlabel("seconds since start (grey: warm-up, left out of the summary)")
     top.set_title(title)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot_rss(
+    path: Path, series: Sequence[tuple[float, float]], phases: Sequence[tuple[str, float, float]], title: str
+) -> Path | None:
+    """The PNG of the server's RSS over a run ((second, MB) points), its phases ((name, start, end)) shaded and
+    named; nothing is written without a point."""
+    if not series:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(10, 4), constrained_layout=True)
+    axis.plot([t for t, _ in series], [mb for _, mb in series], color="black", linewidth=1)
+    for index, (name, start, end) in enumerate(phases):
+        axis.axvspan(start, max(end, start), color="grey", alpha=0.08 if index % 2 else 0.18)
+        axis.annotate(name, ((start + end) / 2, 1.0), xycoords=("data", "axes fraction"), ha="center", va="top",
+                      fontsize="small")  # fmt: skip
+    axis.set_xlabel("seconds since the profile started")
+    axis.set_ylabel("server RSS (MB)")
+    axis.grid(True, alpha=0.3)
+    axis.set_title(f"{title}: server RSS by phase")
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path

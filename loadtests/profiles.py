@@ -54,6 +54,9 @@ class Profile:
     reject_backoff_s: float = 0.0
     """How long a user waits after a 429 / RESOURCE_EXHAUSTED before its next call (clients that back off)."""
     checks: Checks = field(default_factory=Checks)
+    driver: str = "locust"
+    """`locust` (users following the stages) or `hostile` (`loadtests.hostile`'s phases; its stages only
+    describe it)."""
 
     @property
     def duration_s(self) -> float:
@@ -130,6 +133,15 @@ PROFILES: dict[str, Profile] = {
             client_timeout_s=10.0,
             reject_backoff_s=0.1,
             checks=Checks(expect_rejections=True, max_timeouts=0, accepted_p99_within_timeout=True),
+        ),
+        Profile(
+            name="hostile",
+            description="what a hostile client does, in phases (about 5 minutes): 1,000 distinct values of every "
+            "numeric option, maximum-size requests beside small ones, a flood of 500 connections, slow clients, "
+            "malformed requests; server RSS, the small requests' p99, status codes per phase; exit 4 on a broken "
+            "bound. Sizes and bounds: --hostile KEY=VALUE,...",
+            stages=(Stage(end_s=300, users=8, spawn_rate=8),),
+            driver="hostile",
         ),
     )
 }

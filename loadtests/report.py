@@ -1,4 +1,5 @@
-"""The Markdown report of a run, and the peer table (RPS, p50, p99, error rate, ratios to the naive server)."""
+"""The Markdown report of a run, and the peer table (RPS, p50, p99, error rate, ratios to the naive server);
+for the hostile profile, its phases (RSS, status codes, what each phase found)."""
 
 from __future__ import annotations
 
@@ -81,13 +82,16 @@ def endpoint_table(summary: dict[str, Any]) -> str:
 def _header(summary: dict[str, Any]) -> list[str]:
     profile = summary["profile"]
     stages = ", ".join(f"{s['users']} users until {s['end_s']:.0f}s" for s in profile["stages"])
+    shape = f"{stages}; warm-up {profile['warmup_s']:.0f}s left out of the figures"
+    if profile.get("driver") == "hostile":
+        phases = [row["phase"] for target in summary["targets"].values() for row in target["hostile"]["phases"]]
+        shape = "phases " + " → ".join(phases)
     sources = ", ".join(f"{task}: {source}" for task, source in summary["payload_sources"].items())
     machine = summary["machine"]
     return [
         f"# Load test {summary['run_id']}",
         "",
-        f"- profile **{profile['name']}**: {profile['description']} ({stages}; warm-up {profile['warmup_s']:.0f}s "
-        "left out of the figures)",
+        f"- profile **{profile['name']}**: {profile['description']} ({shape})",
         f"- mix: `{summary['mix']}`; payloads: {sources}",
         f"- machine: {machine['cpus']} CPUs, {machine['platform']}; git {summary.get('git') or 'unknown'}",
         "- latencies are client-side, in ms, over accepted requests; throughput counts accepted answers per second",
@@ -126,7 +130,89 @@ def _target_section(label: str, target: dict[str, Any]) -> list[str]:
     if target["summary"].get("stages"):
         lines += ["Per stage (the first 2 s of each stage, while users arrive, left out):", ""]
         lines += [stage_table(target["summary"]["stages"]), ""]
+    if target.get("hostile"):
+        lines += hostile_lines(target["hostile"])
     return lines
+
+
+def _statuses(counts: dict[str, int]) -> str:
+    return ", ".join(f"{status} x{n}" for status, n in counts.items()) or "–"
+
+
+def _mb(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
+
+
+def hostile_lines(hostile: dict[str, Any]) -> list[str]:
+    """The hostile profile's phases: RSS, status codes per kind of request, and what each phase found."""
+    lines = [
+        f"Server RSS from {hostile['rss_source']}: {_mb(hostile['rss_start_mb'])} MB at the start, "
+        f"{_mb(hostile['rss_end_mb'])} MB at the end, peak {_mb(hostile['rss_peak_mb'])} MB (rss.png).",
+        "",
+        "| phase | seconds | RSS MB start → end (peak) | requests: status × count |",
+        "|---|---:|---|---|",
+    ]
+    for row in hostile["phases"]:
+        statuses = "; ".join(f"{name}: {_statuses(counts)}" for name, counts in row["statuses"].items())
+        lines.append(
+            f"| {row['phase']} | {row['end_s'] - row['start_s']:.1f} | {_mb(row['rss_start_mb'])} → "
+            f"{_mb(row['rss_end_mb'])} ({_mb(row['rss_peak_mb'])}) | {statuses or '–'} |"
+        )
+    lines.append("")
+    for row in hostile["phases"]:
+        lines += _hostile_phase_details(row)
+    return lines
+
+
+def _slow_lines(results: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for result in results:
+        kinds.setdefault(result["kind"], []).append(result)
+    lines += ["| slow clients | count | cut after (s) min / max | ends |", "|---|---:|---|---|"]
+    for kind, items in kinds.items():
+        times = [r["cut_s"] for r in items if r["cut_s"] is not None]
+        span = f"{min(times):.1f} / {max(times):.1f}" if times else "never"
+        ends: dict[str, int] = {}
+        for item in items:
+            ends[item["how"]] = ends.get(item["how"], 0) + 1
+        lines.append(f"| {kind} | {len(items)} | {span} | {_statuses(ends)} |")
+    lines.append("")
+    return lines
+
+
+def _hostile_phase_details(row: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if row.get("sweeps"):
+        lines += ["Distinct values, per option (RSS before → after its sweep):", "",
+                  "| option | values sent | RSS growth MB |", "|---|---:|---:|"]  # fmt: skip
+        for name, sweep in row["sweeps"].items():
+            growth = sweep.get("rss_growth_mb")
+            lines.append(f"| {name} | {sweep['sent']} | {'–' if growth is None else f'{growth:+.1f}'} |")
+        lines.append("")
+    if row.get("requests"):
+        sizes = ", ".join(f"{name} ({size / 1e6:.2f} MB)" for name, size in row["requests"].items())
+        lines += [f"Maximum-size requests: {sizes}.", ""]
+    if row.get("slow"):
+        lines += _slow_lines(row["slow"])
+    if row.get("cases"):
+        lines += ["| malformed request | answer | class | expected |", "|---|---|---|---|"]
+        for case in row["cases"]:
+            mark = "" if case["passed"] else " **(not expected)**"
+            lines.append(
+                f"| {case['case']} | {case['status']}{mark} | {case['class']} | {', '.join(case['allowed'])} |"
+            )
+        lines.append("")
+    if "recovered_s" in row:
+        seconds = row["recovered_s"]
+        answer = "no normal answer within the limit" if seconds is None else f"a normal answer after {seconds:.2f} s"
+        when = "At the end" if row["phase"] == "after" else f"After {row['phase']}"
+        lines += [f"{when}: {answer}.", ""]
+    return lines
+
+
+def _verdict(check: dict[str, Any]) -> str:
+    return "SKIP" if check.get("skipped") else "PASS" if check["passed"] else "FAIL"
 
 
 def render_report(summary: dict[str, Any]) -> str:
@@ -142,7 +228,7 @@ def render_report(summary: dict[str, Any]) -> str:
     for label, target in summary["targets"].items():
         lines += _target_section(label, target)
     lines += ["## Checks", ""]
-    lines += [f"- {'PASS' if c['passed'] else 'FAIL'} {c['target']}: {c['description']}" for c in summary["checks"]]
+    lines += [f"- {_verdict(c)} {c['target']}: {c['description']}" for c in summary["checks"]]
     lines += ["" if summary["checks"] else "- none for this profile", ""]
     lines += ["## Compared with", ""]
     for label, regression in summary["regression"].items():

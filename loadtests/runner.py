@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TextIO
+from typing import IO, TYPE_CHECKING, Any, TextIO
 
 from loadtests import endpoints as ep
 from loadtests.history import (
@@ -56,12 +56,17 @@ from loadtests.targets import (
     triton_venv_problem,
 )
 
+if TYPE_CHECKING:
+    from loadtests.hostile import HostileConfig
+
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 DEFAULT_RESULTS = REPO / "loadtests" / "results"
 DEFAULT_BUNDLES_DIR = REPO / "artifacts" / "bundles"
 DEFAULT_MODELS = {"classify": "minilm-sst2", "qa": "minilm-squad", "ner": "minilm-conll03", "embed": "minilm"}
 EXIT_OK, EXIT_REGRESSION, EXIT_CHECKS = 0, 3, 4
 MAX_WORKERS = 32
+HOSTILE_MIX = "/classify=1,/qa=1,/ner=1"
+"""What the server the hostile profile starts serves by default (and /embed when the minilm bundle is built)."""
 PEERS = ("naive", "triton", "ours-no-batching")
 """What `--peers` runs beside ours with batching, in this order (`--skip-peer` leaves one out)."""
 
@@ -102,6 +107,8 @@ class RunOptions:
     seed: int = 0
     workers: int = 0
     """0: one locust process; N: locust's distributed mode, a master and N worker processes."""
+    hostile: str | None = None
+    """`key=value,...` changes to the hostile profile's sizes and bounds (`loadtests.hostile.HostileConfig`)."""
 
 
 @dataclass
@@ -114,6 +121,8 @@ class Plan:
     history: list[dict[str, Any]]
     skipped: dict[str, str] = field(default_factory=dict)
     """Peers `--peers` could not run here -> why."""
+    hostile: HostileConfig | None = None
+    """The hostile profile's sizes and bounds (None for the locust profiles)."""
 
 
 @dataclass
@@ -211,10 +220,40 @@ def _started_targets(options: RunOptions, profile: Profile, mix: ep.Mix) -> tupl
     return targets, skipped
 
 
+def _hostile_plan(options: RunOptions, profile: Profile) -> tuple[HostileConfig | None, str]:
+    """The hostile profile's sizes and bounds and its mix (None and `--mix` for the other profiles); ValueError
+    for the options it does not take."""
+    if profile.driver != "hostile":
+        if options.hostile is not None:
+            raise ValueError(f"--hostile sizes the hostile profile only, not {profile.name!r}")
+        return None, options.mix
+    from loadtests.hostile import parse_hostile
+
+    given = {"--users": options.users, "--duration": options.duration_s, "--spawn-rate": options.spawn_rate}
+    wrong = [name for name, value in given.items() if value is not None]
+    if options.peers or options.workers:
+        wrong.append("--peers" if options.peers else "--workers")
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)}: not for the hostile profile (no locust users); size it with --hostile")
+    if options.grpc_host is not None and options.host is None:
+        raise ValueError("the hostile profile needs the REST front door: give --host (and --grpc-host for gRPC)")
+    mix = options.mix
+    if mix == ep.DEFAULT_MIX:  # the default server's tasks; its embedding model when its bundle is built
+        bundles_dir = (options.bundles_dir or DEFAULT_BUNDLES_DIR).expanduser()
+        embed = (bundles_dir / DEFAULT_MODELS["embed"] / "manifest.json").is_file() or options.host is not None
+        mix = HOSTILE_MIX + (",/embed" if embed else "")
+    if "classify" not in ep.tasks(ep.parse_mix(mix)):
+        raise ValueError(f"--mix {mix!r}: the hostile profile watches small /classify requests: include /classify")
+    return parse_hostile(options.hostile), mix
+
+
 def plan_run(options: RunOptions) -> Plan:
     """Check every input and build the targets; raises ValueError / FileNotFoundError before any load."""
-    profile = get_profile(options.profile).with_overrides(options.users, options.duration_s, options.spawn_rate)
-    mix = ep.parse_mix(options.mix)
+    profile = get_profile(options.profile)
+    hostile, mix_text = _hostile_plan(options, profile)
+    if hostile is None:
+        profile = profile.with_overrides(options.users, options.duration_s, options.spawn_rate)
+    mix = ep.parse_mix(mix_text)
     _check_numbers(options)
     external = options.host is not None or options.grpc_host is not None
     if external and options.peers:
@@ -231,7 +270,7 @@ def plan_run(options: RunOptions) -> Plan:
     for target in targets:
         if target.kind == "external":
             check_external(target)
-    return Plan(profile, mix, payloads, targets, history_path, history, skipped)
+    return Plan(profile, mix, payloads, targets, history_path, history, skipped, hostile)
 
 
 # ---- one target ---------------------------------------------------------------------------------------
@@ -596,8 +635,10 @@ def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunRes
     (run_dir / "payloads.json").write_text(plan.payloads.to_json())
     for label, why in plan.skipped.items():
         out.write(f"peer {label} skipped: {why}\n")
-    targets = {t.label: run_target(t, plan, run_dir, options, out) for t in plan.targets}
-    samples = {label: target.pop("_samples") for label, target in targets.items()}
+    targets = {t.label: _run_one(t, plan, run_dir, options, out) for t in plan.targets}
+    samples = _plotted(targets)
+    checks = evaluate_checks(plan.profile, targets) if plan.hostile is None else []
+    checks += [check for target in targets.values() for check in target.pop("_checks", [])]
     summary: dict[str, Any] = {
         "run_id": run_id,
         "created": created,
@@ -611,7 +652,7 @@ def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunRes
         "targets": targets,
         "skipped_peers": plan.skipped,
         "comparison": peer_rows(targets),
-        "checks": evaluate_checks(plan.profile, targets),
+        "checks": checks,
         "regression": _regressions(plan, run_id, options, targets),
     }
     write_outputs(run_dir, summary, samples)
@@ -622,6 +663,26 @@ def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunRes
     ]
     append_history(plan.history_path, records)
     return RunResult(_exit_code(summary), run_dir, summary)
+
+
+def _run_one(target: Target, plan: Plan, run_dir: Path, options: RunOptions, out: TextIO) -> dict[str, Any]:
+    if plan.hostile is None:
+        return run_target(target, plan, run_dir, options, out)
+    from loadtests.hostile import run_hostile_target
+
+    return run_hostile_target(target, plan.hostile, plan.payloads, run_dir, options, out)
+
+
+def _plotted(targets: dict[str, dict[str, Any]]) -> dict[str, list[Sample]]:
+    """The series of latency.png: each target's samples (a hostile target's per kind of request)."""
+    series: dict[str, list[Sample]] = {}
+    for label, target in targets.items():
+        samples = target.pop("_samples")
+        if isinstance(samples, dict):
+            series.update({name if len(targets) == 1 else f"{label} {name}": s for name, s in samples.items()})
+        else:
+            series[label] = samples
+    return series
 
 
 def _exit_code(summary: dict[str, Any]) -> int:

@@ -1,0 +1,388 @@
+"""What the hostile profile sends: distinct-value sweeps of every numeric request option, maximum-size legal
+requests, small /classify requests, and malformed requests (bodies, HTTP, protobuf).
+
+The numeric options are those of the REST bodies (service/schemas.py, service/encoder_schemas.py), the gRPC
+messages (proto/bert/v1/bert.proto) and the caller's deadline (`x-request-timeout-ms`, gRPC timeouts):
+`/classify top_k`, `/qa doc_stride top_k max_answer_len`, `/embed` and `/v1/embeddings dimensions`, `/fill-mask
+top_k`, and their gRPC fields. Each sweep sends `count` consecutive values from the option's smallest, legal or
+not (values past a bound must be refused as cheaply as legal ones are served); unknown model names, distinct
+request ids and distinct gRPC metadata keys ride along, since any of them could key server state.
+Maximum-size requests fill the server's limits (`max_inputs_per_request`, `max_text_chars`, `max_body_bytes`:
+the defaults of `bertserve serve` unless told otherwise) without passing them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadtests.hostile_net import GrpcRequest, RestRequest
+from loadtests.payloads import Payloads
+from proto.stubs import load_stubs
+
+pb, _ = load_stubs()
+
+CLASSIFY = "/bert.v1.Classifier/Classify"
+EXTRACT = "/bert.v1.QA/Extract"
+RECOGNIZE = "/bert.v1.NER/Recognize"
+EMBED = "/bert.v1.Embedder/Embed"
+FILL = "/bert.v1.FillMask/Fill"
+MASK = "[MASK]"
+CHARS_PER_TOKEN = 4
+"""Rough characters per WordPiece token of English text: sizes a QA context to a number of windows."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What GET /v1/models says of a task's default model."""
+
+    name: str
+    task: str
+    max_seq_length: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's input limits the maximum-size requests fill."""
+
+    max_inputs: int = 64
+    max_text_chars: int = 100_000
+    max_body_bytes: int = 2_000_000
+
+
+Request = RestRequest | GrpcRequest
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """`count` requests to one option, the i-th with the option's i-th distinct value."""
+
+    name: str
+    protocol: str
+    build: Callable[[int], Request]
+    count: int
+
+
+@dataclass
+class Texts:
+    """The texts requests are made of: real sentences and QA pairs from the payloads."""
+
+    sentences: list[str]
+    qa: list[tuple[str, str]]
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    @classmethod
+    def from_payloads(cls, payloads: Payloads, seed: int) -> Texts:
+        return cls(list(payloads.classify), list(payloads.qa), random.Random(seed))
+
+    def sentence(self, index: int) -> str:
+        return self.sentences[index % len(self.sentences)]
+
+    def filler(self, chars: int, offset: int = 0) -> str:
+        """Exactly `chars` characters of running text (sentences and contexts joined), not ending in a space."""
+        pieces = [*self.sentences, *(context for _, context in self.qa)]
+        parts: list[str] = []
+        size, index = 0, offset
+        while size < chars:
+            parts.append(pieces[index % len(pieces)])
+            size += len(parts[-1]) + 1
+            index += 1
+        text = " ".join(parts)[:chars]
+        return text[:-1] + "x" if text[-1:].isspace() else text
+
+    def qa_pair(self, context_tokens: int) -> tuple[str, str]:
+        """A real question and its context grown (with the following text) to about `context_tokens` tokens."""
+        question, context = self.qa[0]
+        wanted = context_tokens * CHARS_PER_TOKEN
+        return question, context if len(context) >= wanted else context + " " + self.filler(wanted - len(context))
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _rest(name: str, path: str, body: dict[str, Any], headers: tuple[tuple[str, str], ...] = ()) -> RestRequest:
+    return RestRequest(name, path, _json(body), headers)
+
+
+# ---- distinct values ---------------------------------------------------------------------------------------
+def rest_sweeps(models: dict[str, ModelInfo], texts: Texts, count: int) -> list[Sweep]:
+    """REST sweeps for the tasks the server serves."""
+    sweeps: list[Sweep] = []
+    sentence = texts.sentence(0)
+    if "classify" in models:
+        sweeps += [
+            Sweep("/classify top_k", "rest", lambda i: _rest("/classify top_k", "/classify",
+                  {"inputs": sentence, "top_k": 1 + i}), count),
+            Sweep("/classify model", "rest", lambda i: _rest("/classify model", "/classify",
+                  {"inputs": sentence, "model": f"hostile-model-{i}"}), count),
+            Sweep("/classify x-request-timeout-ms", "rest", lambda i: _rest("/classify x-request-timeout-ms",
+                  "/classify", {"inputs": sentence},
+                  (("x-request-timeout-ms", str(5000 + 3 * i)), ("x-request-id", f"hostile-{i:06d}"))), count),
+        ]  # fmt: skip
+    if "qa" in models:
+        question, context = texts.qa_pair(int(models["qa"].max_seq_length * 1.2))
+        for option, first in (("doc_stride", 0), ("top_k", 1), ("max_answer_len", 1)):
+            name = f"/qa {option}"
+            sweeps.append(Sweep(name, "rest", _qa_builder(name, question, context, option, first), count))
+    if "embed" in models:
+        for path, key in (("/embed", "inputs"), ("/v1/embeddings", "input")):
+            name = f"{path} dimensions"
+            sweeps.append(Sweep(name, "rest", _embed_builder(name, path, key, sentence), count))
+    if "fill-mask" in models:
+        masked = f"the film was {MASK} from start to end."
+        sweeps.append(Sweep("/fill-mask top_k", "rest", lambda i: _rest("/fill-mask top_k", "/fill-mask",
+                            {"inputs": masked, "top_k": 1 + i}), count))  # fmt: skip
+    return sweeps
+
+
+def _qa_builder(name: str, question: str, context: str, option: str, first: int) -> Callable[[int], Request]:
+    return lambda i: _rest(name, "/qa", {"question": question, "context": context, option: first + i})
+
+
+def _embed_builder(name: str, path: str, key: str, sentence: str) -> Callable[[int], Request]:
+    return lambda i: _rest(name, path, {key: sentence, "dimensions": 1 + i})
+
+
+def grpc_sweeps(models: dict[str, ModelInfo], texts: Texts, count: int) -> list[Sweep]:
+    """gRPC sweeps for the tasks the server serves (uint32 fields: 0 is a value too)."""
+    sweeps: list[Sweep] = []
+    sentence = texts.sentence(0)
+    one = [pb.TextInput(text=sentence)]
+    if "classify" in models:
+        sweeps += [
+            Sweep("Classify top_k", "grpc", lambda i: GrpcRequest("Classify top_k", CLASSIFY,
+                  pb.ClassifyRequest(inputs=one, top_k=i)), count),
+            Sweep("Classify model", "grpc", lambda i: GrpcRequest("Classify model", CLASSIFY,
+                  pb.ClassifyRequest(inputs=one, model=f"hostile-model-{i}")), count),
+            Sweep("Classify deadline+metadata", "grpc", lambda i: GrpcRequest("Classify deadline+metadata",
+                  CLASSIFY, pb.ClassifyRequest(inputs=one), 5.0 + 0.003 * i,
+                  ((f"x-hostile-{i}", f"value-{i}"), ("x-request-id", f"hostile-{i:06d}"))), count),
+        ]  # fmt: skip
+    if "qa" in models:
+        question, context = texts.qa_pair(int(models["qa"].max_seq_length * 1.2))
+        pair = [pb.QAInput(question=question, context=context)]
+        for option in ("top_k", "max_answer_len", "doc_stride"):
+            name = f"Extract {option}"
+            sweeps.append(Sweep(name, "grpc", _extract_builder(name, pair, option), count))
+    if "embed" in models:
+        sweeps.append(Sweep("Embed dimensions", "grpc", lambda i: GrpcRequest("Embed dimensions", EMBED,
+                            pb.EmbedRequest(texts=[sentence], dimensions=i)), count))  # fmt: skip
+    if "fill-mask" in models:
+        masked = f"the film was {MASK} from start to end."
+        sweeps.append(Sweep("Fill top_k", "grpc", lambda i: GrpcRequest("Fill top_k", FILL,
+                            pb.FillRequest(texts=[masked], top_k=i)), count))  # fmt: skip
+    return sweeps
+
+
+def _extract_builder(name: str, pair: list[Any], option: str) -> Callable[[int], Request]:
+    return lambda i: GrpcRequest(name, EXTRACT, pb.ExtractRequest(inputs=pair, **{option: i}))
+
+
+def warmup_requests(models: dict[str, ModelInfo], texts: Texts, grpc: bool) -> list[Request]:
+    """One request of each kind the sweeps send, with the option left to its default."""
+    sentence = texts.sentence(0)
+    requests: list[Request] = []
+    if "classify" in models:
+        requests.append(_rest("warm-up /classify", "/classify", {"inputs": sentence}))
+    if "qa" in models:
+        question, context = texts.qa_pair(int(models["qa"].max_seq_length * 1.2))
+        requests.append(_rest("warm-up /qa", "/qa", {"question": question, "context": context}))
+    if "ner" in models:
+        requests.append(_rest("warm-up /ner", "/ner", {"inputs": sentence}))
+    if "embed" in models:
+        requests += [_rest("warm-up /embed", "/embed", {"inputs": sentence}),
+                     _rest("warm-up /v1/embeddings", "/v1/embeddings", {"input": sentence})]  # fmt: skip
+    if grpc and "classify" in models:
+        requests.append(
+            GrpcRequest("warm-up Classify", CLASSIFY, pb.ClassifyRequest(inputs=[pb.TextInput(text=sentence)]))
+        )
+    return requests
+
+
+def small_classify(texts: Texts, index: int) -> RestRequest:
+    """The small request whose latency the profile watches: one real sentence to /classify."""
+    return _rest("small /classify", "/classify", {"inputs": texts.sentence(index)})
+
+
+# ---- maximum size ------------------------------------------------------------------------------------------
+def _fit_texts(texts: Texts, count: int, limits: Limits, overhead: int) -> list[str]:
+    """`count` distinct texts, each at most max_text_chars, that together fill the body budget."""
+    budget = int(limits.max_body_bytes * 0.97) - overhead
+    chars = max(1, min(limits.max_text_chars, budget // max(count, 1) - 8))
+    return [texts.filler(chars, offset=i) for i in range(count)]
+
+
+def max_size_requests(models: dict[str, ModelInfo], texts: Texts, limits: Limits, grpc: bool) -> list[Request]:
+    """The largest legal request of each kind the server serves (bodies and messages under max_body_bytes)."""
+    n = limits.max_inputs
+    requests: list[Request] = []
+    if "qa" in models:
+        question = texts.qa[0][0]
+        context = texts.filler(min(limits.max_text_chars, int(limits.max_body_bytes * 0.97) - 200))
+        pairs = max(1, min(n, int(limits.max_body_bytes * 0.97) // (len(context) + len(question) + 40)))
+        requests.append(_rest("max /qa one longest context", "/qa", {"question": question, "context": context}))
+        requests.append(_rest(f"max /qa {pairs} longest contexts", "/qa",
+                              {"inputs": [{"question": question, "context": context}] * pairs}))  # fmt: skip
+        if grpc:
+            message = pb.ExtractRequest(inputs=[pb.QAInput(question=question, context=context)])
+            requests.append(GrpcRequest("max Extract one longest context", EXTRACT, message))
+    for task, path, key in (
+        ("classify", "/classify", "inputs"),
+        ("ner", "/ner", "inputs"),
+        ("embed", "/embed", "inputs"),
+    ):
+        if task in models:
+            requests.append(_rest(f"max {path} {n} inputs", path, {key: _fit_texts(texts, n, limits, 64)}))
+    if "fill-mask" in models:
+        masked = [f"{MASK} {text}" for text in _fit_texts(texts, n, limits, 64 + 10 * n)]
+        requests.append(_rest(f"max /fill-mask {n} inputs", "/fill-mask", {"inputs": masked}))
+    if grpc and "classify" in models:
+        inputs = [pb.TextInput(text=text) for text in _fit_texts(texts, n, limits, 64 + 8 * n)]
+        requests.append(GrpcRequest(f"max Classify {n} inputs", CLASSIFY, pb.ClassifyRequest(inputs=inputs)))
+    return requests
+
+
+def flood_request(texts: Texts) -> tuple[str, bytes]:
+    """The flood's request: POST /classify with 64 real sentences."""
+    return "/classify", _json({"inputs": [texts.sentence(i) for i in range(64)]})
+
+
+# ---- malformed ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Malformed:
+    """A malformed request and the status classes a sound server may answer it with."""
+
+    name: str
+    request: RestRequest | GrpcRequest | bytes
+    """A REST call with a bad body, a gRPC call (typed or raw bytes), or raw bytes for one TCP connection."""
+    allowed: frozenset[str] = frozenset({"client-error"})
+
+
+def _m(name: str, request: RestRequest | GrpcRequest | bytes, *allowed: str) -> Malformed:
+    return Malformed(name, request, frozenset(allowed or ("client-error",)))
+
+
+def _raw_rest(
+    name: str, body: bytes, path: str = "/classify", headers: tuple[tuple[str, str], ...] = ()
+) -> RestRequest:
+    return RestRequest(name, path, body, headers)
+
+
+def malformed_rest(models: dict[str, ModelInfo], limits: Limits) -> list[Malformed]:
+    """Bad bodies and headers over a well-formed HTTP exchange."""
+    deep = 100_000
+    cases = [
+        _m("body not JSON", _raw_rest("body not JSON", b"{not json")),
+        _m("empty body", _raw_rest("empty body", b"")),
+        _m("truncated JSON", _raw_rest("truncated JSON", b'{"inputs": "a good fil')),
+        _m("inputs a number", _rest("inputs a number", "/classify", {"inputs": 5})),
+        _m("inputs null", _rest("inputs null", "/classify", {"inputs": None})),
+        _m("top_k a string", _rest("top_k a string", "/classify", {"inputs": "fine", "top_k": "3"})),
+        _m("top_k 10^30", _rest("top_k 10^30", "/classify", {"inputs": "fine", "top_k": 10**30}), "ok", "client-error"),
+        _m("top_k NaN", _raw_rest("top_k NaN", b'{"inputs": "fine", "top_k": NaN}')),
+        _m("top_k 1e400", _raw_rest("top_k 1e400", b'{"inputs": "fine", "top_k": 1e400}')),
+        _m("inputs nested 100,000 deep", _raw_rest("inputs nested 100,000 deep",
+           b'{"inputs": ' + b"[" * deep + b"]" * deep + b"}")),
+        _m("invalid UTF-8", _raw_rest("invalid UTF-8", b'{"inputs": "\xff\xfe bad"}')),
+        _m("lone surrogate", _raw_rest("lone surrogate", b'{"inputs": "\\ud800 lone"}'), "ok", "client-error"),
+        _m("text/plain content type", _raw_rest("text/plain content type", b'{"inputs": "fine"}',
+           headers=(("content-type", "text/plain"),)), "ok", "client-error"),
+        _m("unknown field", _rest("unknown field", "/classify", {"inputs": "fine", "topk": 2})),
+        _m("blank text", _rest("blank text", "/classify", {"inputs": " \t "})),
+        _m("empty list", _rest("empty list", "/classify", {"inputs": []})),
+        _m("texts and pairs mixed", _rest("texts and pairs mixed", "/classify",
+           {"inputs": ["a", {"text": "a", "text_pair": "b"}]})),
+        _m(f"{limits.max_inputs + 1} inputs", _rest(f"{limits.max_inputs + 1} inputs", "/classify",
+           {"inputs": ["fine"] * (limits.max_inputs + 1)})),
+        _m("random bytes body", _raw_rest("random bytes body", random.Random(1).randbytes(65536))),
+        _m("GET /classify", RestRequest("GET /classify", "/classify", b"", method="GET")),
+        _m("POST /nowhere", _rest("POST /nowhere", "/nowhere", {"inputs": "fine"})),
+    ]  # fmt: skip
+    for value in ("abc", "0", "-5", "1e400", "nan"):
+        name = f"x-request-timeout-ms {value}"
+        cases.append(_m(name, _rest(name, "/classify", {"inputs": "fine"}, (("x-request-timeout-ms", value),))))
+    cases.append(_m("x-request-timeout-ms 1", _rest("x-request-timeout-ms 1", "/classify", {"inputs": "fine"},
+                 (("x-request-timeout-ms", "1"),)), "ok", "timeout"))  # fmt: skip
+    if "qa" in models:
+        cases.append(_m("QA question only", _rest("QA question only", "/qa", {"question": "why?"})))
+    if "embed" in models:
+        cases.append(_m("token ids to /v1/embeddings", _rest("token ids to /v1/embeddings", "/v1/embeddings",
+                        {"input": [[101, 2023, 102]]})))  # fmt: skip
+    return cases
+
+
+def malformed_http(limits: Limits) -> list[Malformed]:
+    """Broken HTTP on raw connections (answered with 4xx, or the connection closed)."""
+    bad = ("client-error", "connection")
+    over = limits.max_body_bytes + 1024
+    chunked = f"{over:x}\r\n".encode() + b"a" * over + b"\r\n0\r\n\r\n"
+    many = "".join(f"x-header-{i}: {i}\r\n" for i in range(200))
+    return [
+        _m("TLS hello on the HTTP port", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64, *bad),
+        _m("garbage request line", b"HELLO THERE\r\n\r\n", *bad),
+        _m("HTTP/1.1 without host", b"GET /health/live HTTP/1.1\r\n\r\n", *bad),
+        _m("negative content-length", b"POST /classify HTTP/1.1\r\nhost: x\r\ncontent-length: -5\r\n\r\n", *bad),
+        _m("content-length 10^9", b"POST /classify HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000000\r\n"
+           b"content-type: application/json\r\nconnection: close\r\n\r\n{}", *bad),
+        _m("chunked body over the limit", b"POST /classify HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
+           b"content-type: application/json\r\nconnection: close\r\n\r\n" + chunked, *bad),
+        _m("64 KB header", b"GET /health/live HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 65536 + b"\r\n\r\n", *bad),
+        _m("200 headers", f"GET /health/live HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{many}\r\n".encode(),
+           "ok", *bad),
+    ]  # fmt: skip
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, wire: int, payload: bytes | int) -> bytes:
+    tag = _varint(number << 3 | wire)
+    if isinstance(payload, int):
+        return tag + _varint(payload)
+    return tag + _varint(len(payload)) + payload
+
+
+def malformed_grpc(models: dict[str, ModelInfo], limits: Limits) -> list[Malformed]:
+    """Truncated and garbage protobuf, unknown enum values and methods, oversize messages, invalid UTF-8."""
+    text = _field(1, 2, _field(1, 2, b"a fine sentence"))  # ClassifyRequest.inputs[0].text
+    whole = pb.ClassifyRequest(inputs=[pb.TextInput(text=f"sentence {i}") for i in range(16)]).SerializeToString()
+    garbage = random.Random(2).randbytes(256)
+    cases = [
+        _m("truncated ClassifyRequest", GrpcRequest("truncated ClassifyRequest", CLASSIFY, whole[: len(whole) // 2])),
+        _m("garbage ClassifyRequest", GrpcRequest("garbage ClassifyRequest", CLASSIFY, garbage)),
+        _m("empty ClassifyRequest", GrpcRequest("empty ClassifyRequest", CLASSIFY, b"")),
+        _m("function_to_apply 99", GrpcRequest("function_to_apply 99", CLASSIFY, text + _field(5, 0, 99))),
+        _m("invalid UTF-8 text", GrpcRequest("invalid UTF-8 text", CLASSIFY, _field(1, 2, _field(1, 2, b"\xff\xfe")))),
+        _m("top_k 2^32-1", GrpcRequest("top_k 2^32-1", CLASSIFY, text + _field(2, 0, 2**32 - 1)), "ok", "client-error"),
+        _m("unknown method", GrpcRequest("unknown method", "/bert.v1.Classifier/Nope", text)),
+        _m("unknown service", GrpcRequest("unknown service", "/bert.v9.Nothing/Here", text)),
+        _m("message over the limit", GrpcRequest("message over the limit", CLASSIFY,
+           _field(1, 2, _field(1, 2, b"a" * (limits.max_body_bytes + 1024)))), "rejected", "client-error"),
+        _m("100 metadata entries", GrpcRequest("100 metadata entries", CLASSIFY, text,
+           metadata=tuple((f"x-flood-{i}", "v" * 40) for i in range(100))), "ok", "client-error", "rejected"),
+    ]  # fmt: skip
+    for task, method in (("qa", EXTRACT), ("ner", RECOGNIZE), ("embed", EMBED)):
+        if task in models:
+            name = f"garbage {method.rsplit('/', 1)[1]}Request"
+            cases.append(_m(name, GrpcRequest(name, method, garbage)))
+    if "ner" in models:
+        name = "aggregation_strategy 77"
+        cases.append(_m(name, GrpcRequest(name, RECOGNIZE, _field(1, 2, b"Ada in London") + _field(2, 0, 77))))
+    return cases
+
+
+def sweep_names(sweeps: Sequence[Sweep]) -> list[str]:
+    return [sweep.name for sweep in sweeps]
