@@ -2,7 +2,8 @@
 
 Two implementations: `service.ort_backend.OrtBackend` (ONNX Runtime in-process) and
 `service.triton_backend.TritonBackend` (a Triton server over gRPC). Both raise only domain errors
-(`BackendError`, `BackendUnavailable`) for failures a caller can see.
+(`BackendError`, `BackendUnavailable`) for failures a caller can see, and `BackendBroken` when they know they can
+never serve again (the batcher then fails the model for good: `service.batcher.Batcher`).
 """
 
 from __future__ import annotations
@@ -39,4 +40,4 @@ class Backend(Protocol):
         backend with a latency path for it uses that (OpenVINO streams: a copy on all cores), others run `infer`."""
 
     async def close(self) -> None:
-        """Release sessions / connections."""
+        """Release sessions / connections, waiting (off the event loop) for calls still running."""

@@ -117,6 +117,9 @@ class ServiceState:
     """A stop signal arrived: readiness reports 503 and responses close their connections, requests still run."""
     shutting_down: bool = False
     load_error: str | None = None
+    failure: str | None = None
+    """Why the server has failed for good (loading failed, or a model's batch loop or backend died): liveness and
+    readiness report 503 from then on, and `bertserve serve` exits non-zero after draining."""
     started: float = field(default_factory=time.monotonic)
 
 
@@ -130,17 +133,21 @@ class InferenceService:
         self.models: dict[str, LoadedModel] = {}
         self.defaults: dict[str, str] = {}
         self.state = ServiceState()
+        self.failure_hooks: list[Callable[[str], None]] = []
+        """Called on the event loop, once, when the server fails for good (`fail`), with the reason."""
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def load(self) -> None:
-        """Open every bundle, start backends and batchers, warm up; then report ready."""
-        paths = find_bundles(self.settings.models, self.settings.bundles_dir)
-        for path in paths:
+        """Open every bundle and check it against the settings before any backend starts, then start backends and
+        batchers and warm up; then report ready. Raises on the first problem (ValueError naming what to change)."""
+        bundles: dict[str, ServingBundle] = {}
+        for path in find_bundles(self.settings.models, self.settings.bundles_dir):
             bundle = await asyncio.to_thread(open_bundle, path)
-            if bundle.name in self.models:
-                raise ValueError(
-                    f"two bundles are named {bundle.name!r} ({path} and {self.models[bundle.name].bundle.path})"
-                )
+            if bundle.name in bundles:
+                raise ValueError(f"two bundles are named {bundle.name!r} ({path} and {bundles[bundle.name].path})")
+            self._check_variant(bundle)
+            bundles[bundle.name] = bundle
+        for bundle in bundles.values():
             model = await self._start_model(bundle)
             if bundle.task not in self.defaults:
                 self.defaults[bundle.task] = bundle.name
@@ -152,6 +159,29 @@ class InferenceService:
                 await self._warm_up(model)
         self.state.ready = True
         self.metrics.ready.set(1)
+
+    def _check_variant(self, bundle: ServingBundle) -> None:
+        """A forced variant (`--variant NAME`) must be one of every served bundle's variants."""
+        variant = self.settings.variant
+        if self.settings.backend != "ort" or variant in (None, "auto") or variant in bundle.manifest.variants:
+            return
+        raise ValueError(
+            f"--variant {variant!r}: bundle {bundle.name!r} has no such variant; its variants are "
+            f"{', '.join(sorted(bundle.manifest.variants))} (or auto, or leave it unset for the hardware's default)"
+        )
+
+    def fail(self, reason: str) -> None:
+        """The server has failed for good: unready and unlive from now on; tell the failure hooks (once)."""
+        if self.state.failure is not None:
+            return
+        self.state.failure = reason
+        self.metrics.ready.set(0)
+        log.error("the server has failed: %s", reason)
+        for hook in self.failure_hooks:
+            hook(reason)
+
+    def _model_failed(self, model: str, reason: str) -> None:
+        self.fail(f"model {model!r}: {reason}")
 
     async def _start_model(self, bundle: ServingBundle) -> LoadedModel:
         pipeline = make_pipeline(bundle)  # checks the manifest before a backend holds sessions or threads
@@ -204,6 +234,7 @@ class InferenceService:
             pad_id=bundle.tokenizer.pad_id,
             width_multiple=settings.pad_multiple or backend.width_multiple,
             max_width=bundle.manifest.max_seq_length,
+            max_consecutive_failures=settings.max_consecutive_failures,
         )
         batcher = Batcher(
             bundle.name,
@@ -213,6 +244,7 @@ class InferenceService:
             sequence_outputs=pipeline.sequence_outputs,
             observer=self.metrics,
             run_alone=backend.infer_alone,
+            on_failure=self._model_failed,
         )
         await batcher.start()
         return LoadedModel(bundle=bundle, pipeline=pipeline, backend=backend, batcher=batcher)
@@ -249,7 +281,7 @@ class InferenceService:
             bundle.path,
             bundle.manifest,
             device=settings.device,
-            variant=settings.variant if settings.variant in bundle.manifest.variants else None,
+            variant=None if settings.variant == "auto" else settings.variant,  # checked by `_check_variant`
             **self._ort_options(),
         )
 
@@ -271,14 +303,18 @@ class InferenceService:
         log.info("warmed up", extra={"model": model.name, "ms": round((time.perf_counter() - start) * 1000, 1)})
 
     async def close(self) -> None:
-        """Stop batchers (finishing running batches) and release backends."""
+        """Stop batchers (finishing running batches) and release backends; nothing here blocks the event loop
+        (the tracer's last export runs in a thread)."""
         self.state.ready = False
         self.state.shutting_down = True
         self.metrics.ready.set(0)
         for model in self.models.values():
             await model.batcher.close()
-            await model.backend.close()
-        self.tracer.shutdown()
+            try:
+                await model.backend.close()
+            except Exception:  # one backend that fails to close must not keep the others open
+                log.exception("closing the backend of model %s failed", model.name)
+        await asyncio.to_thread(self.tracer.shutdown)
 
     # ---- lookup -----------------------------------------------------------------------------------
     def model_for(self, task: str, name: str | None) -> LoadedModel:

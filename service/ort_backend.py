@@ -29,7 +29,7 @@ import onnxruntime as ort
 from bert_model.tasks.runtimes import CPU_PROVIDER, CUDA_PROVIDER, OPENVINO_PROVIDER, openvino_available
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
 from bert_model.tokenization import BertTokenizer
-from service.errors import BackendError, BackendUnavailable
+from service.errors import BackendBroken, BackendError, BackendUnavailable
 from service.variant_timing import FILLER_TEXT, VariantChoice, candidates, choose_fastest, timing_feed, timing_shapes
 
 log = logging.getLogger(__name__)
@@ -181,6 +181,7 @@ class OrtBackend:
         self._output_ports: dict[str, Any] = {}
         self._lone_output_ports: dict[str, Any] = {}
         self._input_names: list[str] = []
+        self._closed = False
         self._calls = 0  # backend calls in flight (counted on the event loop)
         self._lone_done: asyncio.Event | None = None  # set when the running lone call ends
         self.lone_calls = 0
@@ -313,6 +314,8 @@ class OrtBackend:
     async def _infer(self, inputs: dict[str, np.ndarray], alone: bool) -> dict[str, np.ndarray]:
         # Calls that start while a lone call runs wait for it, so the copy's threads and a stream's never share
         # the cores; `_calls` and `_lone_done` are only touched on the event loop.
+        if self._closed:
+            raise BackendBroken(f"the backend of model {self.manifest.name!r} is closed")
         loop = asyncio.get_running_loop()
         lone = alone and self._compiled_lone is not None and self._calls == 0
         self._calls += 1
@@ -338,7 +341,13 @@ class OrtBackend:
                 done.set()
 
     async def close(self) -> None:
+        """Release the runtime once the calls still running end; the wait (and the release) runs in a thread, so
+        the event loop goes on serving the other models and the shutdown meanwhile."""
+        self._closed = True
+        await asyncio.to_thread(self._release)
+
+    def _release(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
         self._session = None
         self._compiled = None
         self._compiled_lone = None
-        self._executor.shutdown(wait=True, cancel_futures=False)

@@ -12,6 +12,9 @@ three steps, so that no client, keep-alive or not, loses a request to a closed c
    in-flight RPCs get `shutdown_grace_s`) and closes the batchers (requests still queued get 503), and the
    process exits 0.
 A second signal skips the rest of the drain, a third stops waiting for in-flight requests.
+A server that fails for good (`InferenceService.fail`: loading failed, or a model's batch loop or backend died)
+takes the same steps by itself, with liveness already 503, and exits 1, so that compose or Kubernetes restarts it;
+after a failed load, when nothing was ever routed to it, it skips the drain.
 Reference: https://www.uvicorn.org/deployment/ (graceful shutdown),
 https://grpc.github.io/grpc/python/grpc_asyncio.html (Server.stop), RFC 9112 section 9.6.
 """
@@ -52,6 +55,8 @@ class _Server(uvicorn.Server):
         self._on_stop = on_stop
         self._draining = False
         self._stopping = False
+        self.failure: str | None = None
+        """Why the server failed for good (then the process exits 1)."""
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Runs in the main thread between two bytecodes of the event loop: schedule, never run, loop work here.
@@ -67,6 +72,21 @@ class _Server(uvicorn.Server):
         log.info("stop signal received: draining", extra={"signal": sig, "drain_s": self._drain_s})
         loop.call_soon_threadsafe(self._on_drain)
         loop.call_soon_threadsafe(loop.call_later, self._drain_s, self._stop_taking_work)
+
+    def fail(self, reason: str, drain: bool) -> None:
+        """The server failed for good: drain (when `drain`), stop as after a stop signal, exit 1. On the loop."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        if self._draining:  # already stopping: the exit status is 1 all the same
+            return
+        self._draining = True
+        if not drain:
+            self._stop_taking_work()
+            return
+        log.error("the server failed: draining, then exiting", extra={"reason": reason, "drain_s": self._drain_s})
+        self._on_drain()
+        asyncio.get_running_loop().call_later(self._drain_s, self._stop_taking_work)
 
     def _stop_taking_work(self) -> None:
         if self._stopping:
@@ -98,7 +118,8 @@ class _Server(uvicorn.Server):
 
 
 def serve(settings: ServiceSettings) -> None:
-    """Serve until SIGTERM / SIGINT, then drain and exit 0."""
+    """Serve until SIGTERM / SIGINT, then drain and exit 0; or until the server fails for good, then drain and
+    exit 1 (SystemExit) with the reason logged."""
     configure_logging(settings.log_level, settings.log_json)
     app = create_app(settings)
     service = app.state.service
@@ -128,4 +149,9 @@ def serve(settings: ServiceSettings) -> None:
     )
     # handle_exit never hands the signal to uvicorn, which would re-raise it after shutdown (exit status -15):
     # a drained server exits 0.
-    _Server(config, settings.drain_s, begin_drain, stop_taking_work).run()
+    server = _Server(config, settings.drain_s, begin_drain, stop_taking_work)
+    service.failure_hooks.append(lambda reason: server.fail(reason, drain=service.state.load_error is None))
+    server.run()
+    if server.failure is not None:
+        log.error("exiting with status 1: %s", server.failure)
+        raise SystemExit(1)

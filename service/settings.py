@@ -94,6 +94,12 @@ class ServiceSettings(BaseSettings):
         "streams, else 1).",
     )
     request_timeout_s: float = Field(default=30.0, gt=0, description="Per-request deadline (504 / DEADLINE_EXCEEDED).")
+    max_consecutive_failures: int = Field(
+        default=10,
+        ge=0,
+        description="Failed batches in a row (backend errors, not busy answers) after which a model has failed for "
+        "good: liveness reports 503 and the server drains and exits non-zero, to be restarted (0 = never).",
+    )
 
     # ---- input limits -------------------------------------------------------------------------
     truncate: bool = Field(default=True, description="Default for inputs over the model length: cut (true) or reject.")

@@ -1,6 +1,7 @@
 """The grpc.aio server: bert.v1 servicers, standard grpc.health.v1 health, server reflection, API-key check.
 
-Health reports NOT_SERVING until models are loaded and warmed up, and again from the start of shutdown.
+Health reports NOT_SERVING until models are loaded and warmed up, again from the start of shutdown, and from the
+moment the server fails for good (the lifespan's failure hook; the process then drains and exits 1).
 Health and reflection stay public when an API key is set. Message size is capped like the HTTP body.
 References: https://github.com/grpc/grpc/blob/master/doc/health-checking.md ,
 https://grpc.github.io/grpc/python/grpc_asyncio.html
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from service.errors import InvalidInput, Unauthenticated
 from service.grpc_api.servicers import (
@@ -97,8 +98,12 @@ class GrpcFrontDoor:
             )
         )
         health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        strict = _StrictRegistry(server)  # what a caller sends wrong is INVALID_ARGUMENT on every method
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, strict)
+        reflection_names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+            reflection.aio.ReflectionServicer(reflection_names), strict
+        )
         port = server.add_insecure_port(f"{_grpc_host(settings.host)}:{settings.grpc_port}")
         if port == 0:
             raise OSError(f"could not bind the gRPC port {settings.host}:{settings.grpc_port}")
@@ -125,20 +130,43 @@ class GrpcFrontDoor:
 
 
 def _handlers(service_name: str, methods: dict[str, Callable[..., Awaitable[Any]]]) -> grpc.GenericRpcHandler:
-    """Unary handlers like the generated `add_*_to_server`, but a request that is not a valid message
-    becomes INVALID_ARGUMENT (grpc's default for a failed deserializer is INTERNAL)."""
+    """Unary handlers like the generated `add_*_to_server`'s, made strict (`_strict`)."""
     descriptor = pb.DESCRIPTOR.services_by_name[service_name]
     handlers = {}
     for name, behaviour in methods.items():
         method = descriptor.methods_by_name[name]
         request_class = getattr(pb, method.input_type.name)
         response_class = getattr(pb, method.output_type.name)
-        handlers[name] = grpc.unary_unary_rpc_method_handler(
-            _guard(behaviour, method.input_type.full_name),
-            request_deserializer=_lenient(request_class),
-            response_serializer=response_class.SerializeToString,
+        handlers[name] = _strict(
+            grpc.unary_unary_rpc_method_handler(
+                behaviour,
+                request_deserializer=request_class.FromString,
+                response_serializer=response_class.SerializeToString,
+            )
         )
     return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+
+
+class _StrictRegistry:
+    """Stands in for the server in a generated `add_*_to_server` (health, reflection): registers its handlers
+    made strict (`_strict`)."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_StrictGeneric(handler) for handler in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._server.add_registered_method_handlers(service, {name: _strict(h) for name, h in handlers.items()})
+
+
+class _StrictGeneric(grpc.GenericRpcHandler):
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return _strict(self._inner.service(handler_call_details))
 
 
 class _Malformed:
@@ -146,23 +174,96 @@ class _Malformed:
         self.reason = reason
 
 
-def _lenient(message_class: Any) -> Callable[[bytes], Any]:
+def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
         try:
-            return message_class.FromString(data)
+            return deserialize(data)
         except Exception as error:  # DecodeError, invalid UTF-8 in a string field, ...
             return _Malformed(str(error) or type(error).__name__)
 
     return parse
 
 
-def _guard(
-    behaviour: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], type_name: str
-) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if isinstance(request, _Malformed):
-            await abort(context, InvalidInput(f"the request is not a valid {type_name} message: {request.reason}"))
-        return await behaviour(request, context)
+def _strict(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
+    """`handler` answering what a caller sends wrong with INVALID_ARGUMENT and a message, where grpc answers
+    UNKNOWN (bytes that do not parse: 'Unexpected DecodeError') or nothing: a unary request stream that ends
+    without a whole message waits for the deadline (forever without one), and of several messages grpc answers
+    the first. So a unary request is read as a stream and must hold exactly one message."""
+    if handler is None or handler.request_deserializer is None:
+        return handler
+    type_name = _type_name(handler.request_deserializer)
+    options = {
+        "request_deserializer": _lenient(handler.request_deserializer),
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(_one_in(handler.unary_unary, type_name), **options)
+    if handler.unary_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(_one_in_stream_out(handler.unary_stream, type_name), **options)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(_checked_in_one_out(handler.stream_unary, type_name), **options)
+    return grpc.stream_stream_rpc_method_handler(_checked_in(handler.stream_stream, type_name), **options)
+
+
+def _type_name(deserialize: Callable[[bytes], Any]) -> str:
+    """The message type a generated deserializer (`Message.FromString`) parses."""
+    descriptor = getattr(getattr(deserialize, "__self__", None), "DESCRIPTOR", None)
+    return str(getattr(descriptor, "full_name", "request"))
+
+
+async def _checked(request: Any, context: grpc.aio.ServicerContext, type_name: str) -> Any:
+    if isinstance(request, _Malformed):
+        await abort(context, InvalidInput(f"the request is not a valid {type_name} message: {request.reason}"))
+    return request
+
+
+async def _only_request(context: grpc.aio.ServicerContext, type_name: str) -> Any:
+    """The one request message of a unary method."""
+    request = await context.read()
+    if request is grpc.aio.EOF:
+        await abort(
+            context,
+            InvalidInput(f"the request ended before one whole {type_name} message arrived: send exactly one"),
+        )
+    request = await _checked(request, context, type_name)
+    if await context.read() is not grpc.aio.EOF:
+        await abort(context, InvalidInput(f"more than one {type_name} message arrived: this method takes one"))
+    return request
+
+
+def _one_in(behaviour: Callable[..., Awaitable[Any]], type_name: str) -> Callable[..., Awaitable[Any]]:
+    async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        return await behaviour(await _only_request(context, type_name), context)
+
+    return handle
+
+
+def _one_in_stream_out(behaviour: Callable[..., AsyncIterator[Any]], type_name: str) -> Callable[..., Any]:
+    async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for response in behaviour(await _only_request(context, type_name), context):
+            yield response
+
+    return handle
+
+
+async def _each_checked(
+    requests: AsyncIterator[Any], context: grpc.aio.ServicerContext, type_name: str
+) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield await _checked(request, context, type_name)
+
+
+def _checked_in(behaviour: Callable[..., AsyncIterator[Any]], type_name: str) -> Callable[..., Any]:
+    async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for response in behaviour(_each_checked(requests, context, type_name), context):
+            yield response
+
+    return handle
+
+
+def _checked_in_one_out(behaviour: Callable[..., Awaitable[Any]], type_name: str) -> Callable[..., Awaitable[Any]]:
+    async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        return await behaviour(_each_checked(requests, context, type_name), context)
 
     return handle
 

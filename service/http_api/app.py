@@ -3,6 +3,9 @@
 `create_app(settings)` builds everything without side effects; the lifespan then starts the gRPC front door
 (health NOT_SERVING), loads and warms up models in the background, and flips readiness (HTTP
 `/health/ready`, gRPC health) once done. Shutdown stops gRPC with a grace period, then the batchers.
+Once the server has failed for good (loading failed, or a model's batch loop or backend died: see
+`service.batcher.Batcher`), `/health/live` and `/health/ready` answer 503 `failed` with the reason and gRPC health
+says NOT_SERVING; `bertserve serve` (service/runner.py) then drains and exits non-zero.
 Domain errors map to HTTP through `service.errors.http_status` only; validation problems become 422 (400 for
 a body that is not JSON) with a message that names the field and what to send instead.
 """
@@ -23,7 +26,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import InvalidInput, InvalidJson, ServiceError, Unauthenticated
+from service.errors import Internal, InvalidInput, InvalidJson, ServiceError, Unauthenticated
 from service.http_api.drain import DrainMiddleware
 from service.http_api.encoder_routes import add_encoder_routes
 from service.http_api.middleware import SERVER_HEADERS, BodyLimitMiddleware, MetricsMiddleware, error_response
@@ -63,6 +66,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (504, "The request's deadline passed."),
     )
 }
+
+SETUP_ERRORS = (ValueError, TypeError, FileNotFoundError)
+"""What loading raises for a bundle or a setting to fix (its message says what): logged without a traceback."""
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <api key>` when the server sets one.")
 
@@ -115,6 +121,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
         grpc_front = await GrpcFrontDoor.start(service, settings)
         app.state.grpc = grpc_front
+        service.failure_hooks.append(lambda _: grpc_front.set_serving(False))
     loading = asyncio.create_task(_load(service, grpc_front), name="load-models")
     try:
         yield
@@ -134,8 +141,11 @@ async def _load(service: InferenceService, grpc_front: Any) -> None:
     try:
         await service.load()
     except Exception as error:
-        service.state.load_error = f"{type(error).__name__}: {error}"
-        log.exception("loading models failed")
+        reason = f"{type(error).__name__}: {error}"
+        service.state.load_error = reason
+        # the reason on one line; a traceback only for what is not a user's mistake (a bundle, a setting)
+        log.error("loading models failed: %s", reason, exc_info=not isinstance(error, SETUP_ERRORS))
+        service.fail(f"loading models failed: {reason}")
         return
     if grpc_front is not None:
         grpc_front.set_serving(True)
@@ -166,8 +176,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, error: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return error_response(ServiceError("internal error (logged on the server)"))
+        internal = Internal("internal error")
+        log.exception("unexpected error", extra={"error_id": internal.error_id})
+        return error_response(internal)
 
 
 def _describe(problems: Sequence[Any]) -> str:
@@ -286,26 +297,34 @@ def _add_routes(app: FastAPI) -> None:
         """The loaded models: task, labels, variant, maximum length, and which is each task's default."""
         return {"models": _service(request).list_models()}
 
-    @app.get("/health/live", response_model=Health, tags=["health"])
-    async def live() -> Any:
-        """Liveness: the process is up (models may still be loading)."""
-        return {"status": "live"}
-
-    @app.get("/health/ready", response_model=Health, responses={503: {"model": Health}}, tags=["health"])
-    async def ready(request: Request) -> Any:
-        """Readiness: 200 once every model is loaded and warmed up, 503 before that and while shutting down."""
-        state = _service(request).state
-        if state.ready and not state.draining:
-            return {"status": "ready"}
-        status = "failed" if state.load_error else "loading"
-        if state.draining or state.shutting_down:
-            status = "shutting_down"
-        return JSONResponse({"status": status, "detail": state.load_error}, status_code=503)
-
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics(request: Request) -> Response:
         """Prometheus metrics."""
         return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    _add_health_routes(app)
+
+
+def _add_health_routes(app: FastAPI) -> None:
+    @app.get("/health/live", response_model=Health, responses={503: {"model": Health}}, tags=["health"])
+    async def live(request: Request) -> Any:
+        """Liveness: 200 while the process can serve (models may still be loading), 503 once it has failed."""
+        failure = _service(request).state.failure
+        if failure is not None:
+            return JSONResponse({"status": "failed", "detail": failure}, status_code=503)
+        return {"status": "live"}
+
+    @app.get("/health/ready", response_model=Health, responses={503: {"model": Health}}, tags=["health"])
+    async def ready(request: Request) -> Any:
+        """Readiness: 200 once every model is loaded and warmed up; 503 before that, while shutting down, and once
+        the server has failed."""
+        state = _service(request).state
+        if state.failure is not None:
+            return JSONResponse({"status": "failed", "detail": state.failure}, status_code=503)
+        if state.ready and not state.draining:
+            return {"status": "ready"}
+        status = "shutting_down" if state.draining or state.shutting_down else "loading"
+        return JSONResponse({"status": status, "detail": None}, status_code=503)
 
 
 __all__ = ["create_app"]

@@ -32,7 +32,15 @@ def free_port() -> int:
 class ServerProcess:
     """A running `bertserve serve` with its ports, log file and process handle."""
 
-    def __init__(self, models: list[Path] | list[str], log_path: Path, env: dict[str, str] | None = None, *args: str):
+    def __init__(
+        self,
+        models: list[Path] | list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        *args: str,
+        launch: str = LAUNCH,
+    ):
+        """`launch`: the Python code that starts the server (LAUNCH; a test may prefix it with a fault to inject)."""
         self.http_port = free_port()
         self.grpc_port = free_port()
         self.log_path = log_path
@@ -41,7 +49,7 @@ class ServerProcess:
         command = [
             sys.executable,
             "-c",
-            LAUNCH,
+            launch,
             "--models",
             ",".join(str(m) for m in models),
             "--host",
