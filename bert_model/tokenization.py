@@ -4,13 +4,19 @@
 B [SEP] template) from a `vocab.txt`, or loads a `tokenizer.json`. Any padding or truncation baked into a
 shipped `tokenizer.json` is switched off: lengths are decided per call (`max_length`, `truncation`), and
 padding to a batch happens in `pad()` with numpy. Torch-free: the service uses this module.
+
+Truncation is state of a `tokenizers.Tokenizer`, and calls run concurrently (the service encodes on several
+threads), so a truncating call borrows one of at most `MAX_TRUNCATING_COPIES` private copies and sets that
+call's truncation on it (a field assignment, about a microsecond). The number of copies depends on how many
+calls run at once, never on the settings asked for: no value a caller sends grows memory or costs a rebuild.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +29,8 @@ from bert_model.registry import resolve_model_path
 Truncation = Literal["longest_first", "only_first", "only_second", "none"]
 TRUNCATION_STRATEGIES: tuple[str, ...] = ("longest_first", "only_first", "only_second", "none")
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MAX_TRUNCATING_COPIES = 4
+"""Most copies of a tokenizer that truncating calls use at once (a call beyond waits for one to come back)."""
 
 
 class InputTooLongError(ValueError):
@@ -43,8 +51,9 @@ class BertTokenizer:
         if missing:
             raise ValueError(f"the vocabulary lacks BERT's special tokens {missing}")
         _register_special_tokens(tokenizer)
-        self._lock = threading.Lock()
-        self._truncating_copies: dict[tuple[int, str, int], Tokenizer] = {}
+        self._copies_returned = threading.Condition()
+        self._idle_copies: list[Tokenizer] = []
+        self._copies_built = 0
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (vocab[t] for t in SPECIAL_TOKENS)
 
     # ---- construction --------------------------------------------------------------------------------
@@ -175,28 +184,53 @@ class BertTokenizer:
         if truncation not in TRUNCATION_STRATEGIES:
             raise ValueError(f"truncation must be one of {TRUNCATION_STRATEGIES}, got {truncation!r}")
         inputs: list[str | tuple[str, str]] = list(texts) if pairs is None else list(zip(texts, pairs, strict=True))
-        tokenizer = self._tokenizer if truncation == "none" else self._truncating(limit, truncation, stride)
-        encodings = tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
         if truncation == "none":
+            encodings = self._tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
             for index, encoding in enumerate(encodings):
                 if len(encoding.ids) > limit:
                     raise InputTooLongError(
                         f"input {index} has {len(encoding.ids)} tokens, more than the maximum of {limit}: "
                         "shorten it or enable truncation"
                     )
-        return list(encodings)
+            return list(encodings)
+        _check_stride(stride, limit, self._added_tokens(pairs is not None) if add_special_tokens else 0)
+        with self._truncating(limit, truncation, stride) as tokenizer:
+            return list(tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens))
 
-    def _truncating(self, max_length: int, strategy: str, stride: int) -> Tokenizer:
-        # Truncation is state of a `tokenizers.Tokenizer`: keep one configured copy per setting and never
-        # mutate the shared one, since requests are encoded concurrently.
-        key = (max_length, strategy, stride)
-        with self._lock:
-            tokenizer = self._truncating_copies.get(key)
-            if tokenizer is None:
-                tokenizer = Tokenizer.from_str(self._tokenizer.to_str())
-                tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy)
-                self._truncating_copies[key] = tokenizer
-            return tokenizer
+    @property
+    def truncating_copies(self) -> int:
+        """Copies built for truncating calls so far: at most MAX_TRUNCATING_COPIES, whatever the settings."""
+        return self._copies_built
+
+    def _added_tokens(self, pair: bool) -> int:
+        return int(self._tokenizer.num_special_tokens_to_add(pair))
+
+    @contextmanager
+    def _truncating(self, max_length: int, strategy: str, stride: int) -> Iterator[Tokenizer]:
+        """A copy of the tokenizer, for this call alone, that truncates as asked (see the module docstring)."""
+        copy = self._borrow_copy()
+        try:
+            copy.enable_truncation(max_length, stride=stride, strategy=strategy)
+            yield copy
+        finally:
+            with self._copies_returned:
+                self._idle_copies.append(copy)
+                self._copies_returned.notify()
+
+    def _borrow_copy(self) -> Tokenizer:
+        with self._copies_returned:
+            while not self._idle_copies and self._copies_built >= MAX_TRUNCATING_COPIES:
+                self._copies_returned.wait()
+            if self._idle_copies:
+                return self._idle_copies.pop()
+            self._copies_built += 1
+        try:
+            return Tokenizer.from_str(self._tokenizer.to_str())
+        except BaseException:
+            with self._copies_returned:
+                self._copies_built -= 1
+                self._copies_returned.notify()
+            raise
 
     def pad(self, encodings: Sequence[Encoding], pad_to: int | None = None) -> dict[str, np.ndarray]:
         """Stack encodings into int64 arrays (B, S) padded with [PAD] to the longest (or `pad_to`)."""
@@ -273,6 +307,19 @@ def _register_special_tokens(tokenizer: Tokenizer) -> None:
     tokens = [AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS if token not in added]
     if tokens:
         tokenizer.add_special_tokens(tokens)
+
+
+def _check_stride(stride: int, limit: int, added: int) -> None:
+    """Refuse a stride the tokenizer could not window with (it would otherwise fail inside Rust)."""
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 0:
+        raise ValueError(f"stride must be a non-negative integer, got {stride!r}")
+    if limit - added < 1:
+        raise ValueError(f"max_length {limit} leaves no room for text beside the {added} special tokens")
+    if stride >= limit - added:
+        raise ValueError(
+            f"stride {stride} must be smaller than max_length {limit} minus the {added} special tokens "
+            f"({limit - added})"
+        )
 
 
 def _check_texts(texts: Sequence[str], name: str) -> None:
