@@ -8,7 +8,8 @@ outside their guard (parity.py); write everything into a temporary folder next t
 into place at the end, so a failure never leaves a half-written bundle. The manifest carries the model's own
 window and decoding settings (`task_settings`, the ones `bertserve evaluate` uses) for the service's defaults;
 an embed bundle's are its pooling and normalization (export/sentence_layout.py), a fill-mask bundle's its mask
-token. The encoder's own tasks are guarded by export/encoder_guards.py.
+token. The encoder's own tasks are guarded by export/encoder_guards.py. Their graphs put only the answer's inputs
+out (export/wrapper.py): an embed graph pools as its layout says, a fill-mask graph scores the mask tokens only.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from torch import nn
 from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
 from bert_model.tasks.runtimes import OPENVINO_PROVIDER
-from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec
+from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec, sequence_outputs
 from bert_model.tokenization import BertTokenizer
 from export.canonicalize import canonicalize
 from export.encoder_guards import embedding_guard, fill_mask_guard
@@ -41,7 +42,7 @@ from export.sentence_layout import EmbeddingSettings, embedding_settings
 from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard, served_task_settings
 from export.variant_names import CPU_PREFERENCE, DEFAULT_VARIANTS
 from export.variants import RECIPES, CannotBuild, Sources, parse_variants
-from export.wrapper import encoder_of, labels_of, load_task_model
+from export.wrapper import ExportWrapper, GraphOptions, encoder_of, labels_of, load_task_model
 
 logger = logging.getLogger(__name__)
 MASK_TOKEN = "[MASK]"
@@ -164,8 +165,9 @@ def _build_into(
     guard = _guard(task, model, tokenizer, max_len, opts, layout)
     work = scratch / ".work"
     work.mkdir()
-    raw, fused, rewrites, fused_counts = build_graphs(model, task, work)
-    reference = torch_outputs(model, task, guard.feeds, guard.keep)
+    options = graph_options(task, layout, tokenizer)
+    raw, fused, rewrites, fused_counts = build_graphs(model, task, work, options)
+    reference = torch_outputs(model, task, guard.feeds, guard.keep, options)
     expected = guard.score(reference)
     sources = Sources(raw=raw, fused=fused, calibration=guard.feeds)
     variants, refused = _build_variants(scratch, opts.variants, sources, guard, (reference, expected))
@@ -218,10 +220,23 @@ def _task_settings(task: str, layout: EmbeddingSettings | None, config: BertConf
     return served_task_settings(task, config, max_len)
 
 
-def build_graphs(model: nn.Module, task: str, work: Path) -> tuple[Path, Path, dict[str, int], dict[str, int]]:
+def graph_options(task: str, layout: EmbeddingSettings | None, tokenizer: BertTokenizer) -> GraphOptions:
+    """What the graph computes after the encoder: an embed graph's pooling (its layout's), a fill-mask graph's mask
+    token id (the tokenizer's MASK_TOKEN, which the manifest names)."""
+    if task == "fill-mask":
+        mask_id = tokenizer.token_to_id(MASK_TOKEN)
+        if mask_id is None:
+            raise ValueError(f"a fill-mask model's tokenizer needs the mask token {MASK_TOKEN}")
+        return GraphOptions(mask_token_id=mask_id)
+    return GraphOptions(pooling=layout.pooling if layout is not None else "mean")
+
+
+def build_graphs(
+    model: nn.Module, task: str, work: Path, options: GraphOptions | None = None
+) -> tuple[Path, Path, dict[str, int], dict[str, int]]:
     """Export, canonicalize and fuse: returns (raw graph, fused graph, rewrite counts, fused-op counts)."""
     config: BertConfig = encoder_of(model).config
-    traced = export_onnx(model, task, work / "traced.onnx")
+    traced = export_onnx(model, task, work / "traced.onnx", options)
     graph = onnx.load(str(traced))
     rewrites = canonicalize(graph)
     raw = work / "raw.onnx"
@@ -232,17 +247,22 @@ def build_graphs(model: nn.Module, task: str, work: Path) -> tuple[Path, Path, d
 
 
 def torch_outputs(
-    model: nn.Module, task: str, batches: list[dict[str, np.ndarray]], keep: Keep | None = None
+    model: nn.Module,
+    task: str,
+    batches: list[dict[str, np.ndarray]],
+    keep: Keep | None = None,
+    options: GraphOptions | None = None,
 ) -> Outputs:
-    """PyTorch fp32 outputs of `model` (eval mode) on every guard batch, keyed by the task's output names (what
-    `keep(outputs, batch_index)` keeps of them, when given)."""
+    """PyTorch fp32 outputs of the exported forward (`ExportWrapper` over `model`, eval mode) on every guard batch,
+    keyed by the task's output names (what `keep(outputs, batch_index)` keeps of them, when given)."""
     names = OUTPUT_NAMES[task]
     model.eval()
+    wrapper = ExportWrapper(model, task, options).eval()
     results: Outputs = []
     with torch.inference_mode():
         for batch in batches:
-            output = model(*(torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
-            arrays = {name: getattr(output, name).float().numpy() for name in names}
+            values = wrapper(*(torch.from_numpy(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")))
+            arrays = {name: value.float().numpy() for name, value in zip(names, values, strict=True)}
             results.append(keep(arrays, len(results)) if keep is not None else arrays)
     return results
 
@@ -286,13 +306,15 @@ def check_variant(name: str, path: Path, guard: TaskGuard, reference: tuple[Outp
     run = recipe.runner(path)
     outputs, expected = reference
     candidate = [guard.keep(run(feed), index) for index, feed in enumerate(guard.feeds)]
-    # Kept rows are real positions already (fill-mask: the masked ones); else compare at attended positions.
+    # Kept rows are real positions already (fill-mask: the masked ones); per-token outputs are compared at
+    # attended positions, per-input ones (classify's logits, embed's vectors) whole.
     masks = None if guard.trim is not None else [feed["attention_mask"] for feed in guard.feeds]
+    per_token = sequence_outputs(guard.task)
     if recipe.precision == "fp32":
-        result = judge_fp32(outputs, candidate, masks)
+        result = judge_fp32(outputs, candidate, masks, per_token)
     else:
         result = guard.judge(expected, guard.score(candidate))
-        result.figures["max_abs_diff"] = max_abs_diff(outputs, candidate, masks)
+        result.figures["max_abs_diff"] = max_abs_diff(outputs, candidate, masks, per_token)
     judgment = "max-abs-diff" if recipe.precision == "fp32" else guard.judgment
     result.figures.update(judgment=judgment, guard_source=guard.source, inputs=len(guard.features))
     return result

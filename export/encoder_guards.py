@@ -1,13 +1,14 @@
 """The accuracy guards of the encoder's own tasks, embed and fill-mask: examples, and outputs -> predictions.
 
-- embed: each text's sentence vector as the service computes it (`bert_model.tasks.embeddings`: the bundle's
-  pooling, then L2 normalization, so that the cosine is a dot product); held-out texts (SST-2 sentences, or a
-  calibration file), plus, when the data folder has SQuAD, question -> paragraph retrieval: each question's
-  nearest paragraph by cosine among the paragraphs of the sample (its gold paragraph and its neighbours from the
-  same article). PyTorch fp32's retrieval accuracy against the gold paragraphs is recorded.
+- embed: each text's sentence vector as the service computes it: the graph's pooled vector (the bundle's pooling,
+  in the graph), then L2 normalization (`bert_model.tasks.embeddings`), so that the cosine is a dot product;
+  held-out texts (SST-2 sentences, or a calibration file), plus, when the data folder has SQuAD, question ->
+  paragraph retrieval: each question's nearest paragraph by cosine among the paragraphs of the sample (its gold
+  paragraph and its neighbours from the same article). PyTorch fp32's retrieval accuracy against the gold
+  paragraphs is recorded.
 - fill-mask: held-out sentences with MASKED_SHARE of their word pieces (at least one) replaced by [MASK], chosen
-  with a fixed seed; the prediction at each masked position is its top-5 token ids. Only the logits of masked
-  positions are kept (`trim`): a (B, S, V) output for every guard batch would not fit in memory. PyTorch fp32's
+  with a fixed seed; the prediction at each masked position is its top-5 token ids. The graph's (B, M, V) rows
+  past a row's own masks are filler and are dropped (`trim`), leaving one row per masked position. PyTorch fp32's
   accuracy at recovering the original tokens (top-1, top-5) is recorded.
 Both are judged by agreement with PyTorch fp32 (export/parity.py).
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_model.tasks.classification import build_classification_features
-from bert_model.tasks.embeddings import l2_normalize, pool
+from bert_model.tasks.embeddings import l2_normalize
 from bert_model.tasks.features import Feature
 from bert_model.tokenization import BertTokenizer
 from export.guard_data import read_texts, retrieval_sample
@@ -48,7 +49,7 @@ def embedding_guard(
     first_question, first_paragraph = len(texts), len(texts) + len(questions)
 
     def decode(outputs: Rows) -> Scored:
-        vectors = np.stack([_sentence_vector(row, pooling) for row in outputs["last_hidden_state"]])
+        vectors = l2_normalize(np.stack(outputs["sentence_embedding"]))  # (texts, H), unit rows
         scored = Scored(dict(enumerate(vectors)))
         if sample:
             nearest = np.argmax(vectors[first_question:first_paragraph] @ vectors[first_paragraph:].T, axis=1)
@@ -64,25 +65,21 @@ def embedding_guard(
     return TaskGuard("embed", AGREEMENT, source, list(features), order, feeds, decode, len(features), settings)
 
 
-def _sentence_vector(row: np.ndarray, pooling: str) -> np.ndarray:
-    """One feature's (S, H) token states, cut to its length -> its unit-length pooled vector."""
-    return l2_normalize(pool(row[None], np.ones((1, row.shape[0]), dtype=np.int64), pooling))[0]
-
-
 def fill_mask_guard(tokenizer: BertTokenizer, max_len: int, options: GuardOptions, data_dir: Path | None) -> TaskGuard:
     """Held-out sentences with seeded [MASK]s; predictions: the top-5 token ids at each masked position."""
     rows, source = read_texts("fill-mask", data_dir, options.calibration, options.limit)
     encoded = build_classification_features(tokenizer, [row[0] for row in rows], max_seq_length=min(max_len, 128))
     features, originals = mask_features(encoded, tokenizer.mask_id, np.random.default_rng(FILL_MASK_SEED))
     order, feeds = batches(features, tokenizer.pad_id, options.batch_size)
-    masked = [feed["input_ids"] == tokenizer.mask_id for feed in feeds]  # (B, S) per batch
+    masks = [(feed["input_ids"] == tokenizer.mask_id).sum(axis=1) for feed in feeds]  # (B,) per batch
     gold = np.concatenate([np.concatenate([originals[i] for i in batch]) for batch in order])
 
     def trim(output: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
-        return {"logits": output["logits"][masked[batch]]}  # (M, V): masked positions, row-major
+        logits = output["mask_logits"]  # (B, M, V): each row's masks first, in position order
+        return {"mask_logits": np.concatenate([row[:count] for row, count in zip(logits, masks[batch], strict=True)])}
 
     def decode(outputs: Rows) -> Scored:
-        logits = np.stack(outputs["logits"])  # (all masked positions, V)
+        logits = np.stack(outputs["mask_logits"])  # (all masked positions, V), batch after batch, row-major
         best = np.argsort(-logits, axis=1, kind="stable")[:, :TOP_K]
         metrics = {
             "masked_top1_accuracy": float(np.mean(best[:, 0] == gold)),

@@ -19,7 +19,7 @@ from torch import nn
 
 from bert_model.config import BertConfig
 from bert_model.tasks.spec import INPUT_NAMES, OUTPUT_NAMES, dynamic_axes
-from export.wrapper import ExportWrapper, encoder_of
+from export.wrapper import ExportWrapper, GraphOptions, encoder_of
 
 OPSET = 17
 FUSED_OPS: tuple[str, ...] = (
@@ -49,12 +49,13 @@ def sample_inputs(config: BertConfig, batch: int = 2, seq_len: int = 16) -> tupl
     return input_ids, attention_mask, token_type_ids
 
 
-def export_onnx(model: nn.Module, task: str, path: Path) -> Path:
-    """Trace `model` (switched to eager attention) into an opset-17 ONNX file with dynamic batch/sequence axes."""
+def export_onnx(model: nn.Module, task: str, path: Path, options: GraphOptions | None = None) -> Path:
+    """Trace `model` (switched to eager attention) into an opset-17 ONNX file with dynamic batch/sequence axes;
+    `options` say what an embed or fill-mask graph computes after the encoder (export.wrapper)."""
     encoder = encoder_of(model)
     previous = encoder.config.attn_implementation
     encoder.set_attn_implementation("eager")
-    wrapper = ExportWrapper(model, task).eval()
+    wrapper = ExportWrapper(model, task, options).eval()
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -10,8 +10,8 @@
   - judgment `agreement-with-fp32` (texts without labels: built-in sentences or a calibration file): fp32's own
     predictions are the reference: qa answers scored with SQuAD's F1 and ner entities with seqeval's F1 must
     reach 100 - F1_POINTS; classify: the same label on >= TASK_AGREEMENT;
-  - embed (always by agreement): cosine of the pooled, normalized sentence vectors to fp32's, mean >= COSINE_MEAN
-    and minimum >= COSINE_MIN, and question -> paragraph retrieval picking fp32's paragraph for
+  - embed (always by agreement): cosine of the graph's pooled sentence vectors, normalized, to fp32's, mean >=
+    COSINE_MEAN and minimum >= COSINE_MIN, and question -> paragraph retrieval picking fp32's paragraph for
     >= RETRIEVAL_AGREEMENT of the questions (when the guard retrieves);
   - fill-mask (always by agreement): at the masked positions, fp32's top-1 token on >= TOP1_AGREEMENT of them and
     on average >= TOP5_OVERLAP of fp32's top-5 tokens among the variant's top 5.
@@ -20,7 +20,7 @@ Torch-free (numpy; seqeval for the ner agreement).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,23 +69,35 @@ class AccuracyGuardError(ValueError):
 
 
 # ---- fp32: outputs ---------------------------------------------------------------------------------------
-def max_abs_diff(reference: Outputs, candidate: Outputs, masks: Sequence[np.ndarray] | None = None) -> float:
-    """Largest |difference| over all outputs; per-token outputs only at attended (non-padding) positions."""
+def max_abs_diff(
+    reference: Outputs,
+    candidate: Outputs,
+    masks: Sequence[np.ndarray] | None = None,
+    per_token: Collection[str] | None = None,
+) -> float:
+    """Largest |difference| over all outputs; per-token outputs (those named in `per_token`; None: any whose leading
+    axes are the mask's) only at attended (non-padding) positions."""
     worst = 0.0
     for index, (ref, cand) in enumerate(zip(reference, candidate, strict=True)):
         for name, value in ref.items():
             diff = np.abs(value.astype(np.float64) - cand[name].astype(np.float64))
             mask = masks[index].astype(bool) if masks is not None else None
-            if mask is not None and diff.ndim >= 2 and diff.shape[:2] == mask.shape:
+            token_rows = per_token is None or name in per_token
+            if mask is not None and token_rows and diff.ndim >= 2 and diff.shape[:2] == mask.shape:
                 diff = diff[mask]
             worst = max(worst, float(diff.max()) if diff.size else 0.0)
     return worst
 
 
-def judge_fp32(reference: Outputs, candidate: Outputs, masks: Sequence[np.ndarray] | None) -> ParityResult:
-    """The fp32 rule: max |diff| against PyTorch within FP32_MAX_ABS_DIFF (at the attended positions of each
-    batch's `masks`, or everywhere without masks)."""
-    worst = max_abs_diff(reference, candidate, masks)
+def judge_fp32(
+    reference: Outputs,
+    candidate: Outputs,
+    masks: Sequence[np.ndarray] | None,
+    per_token: Collection[str] | None = None,
+) -> ParityResult:
+    """The fp32 rule: max |diff| against PyTorch within FP32_MAX_ABS_DIFF (per-token outputs at the attended
+    positions of each batch's `masks`, see `max_abs_diff`; everything everywhere without masks)."""
+    worst = max_abs_diff(reference, candidate, masks, per_token)
     figures = {"max_abs_diff": worst, "threshold": FP32_MAX_ABS_DIFF}
     message = f"max |diff| {worst:.3g} vs PyTorch (limit {FP32_MAX_ABS_DIFF:.0e})"
     return ParityResult(worst <= FP32_MAX_ABS_DIFF, figures, message)

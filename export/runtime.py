@@ -64,9 +64,13 @@ def openvino_runner(path: Path, options: dict[str, str] | None = None, threads: 
         ) from error
     config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads or cpu_threads()}
     config.update(options or {})
-    compiled = ov.Core().compile_model(str(path), "CPU", config)
+    core = ov.Core()
+    model = core.read_model(str(path))
+    # the graph's output names, read before compiling: a compiled output may also carry the name of a node fused
+    # into it (a MatMul whose bias Add wrote the output), and get_any_name() may return that one
+    names = [output.get_any_name() for output in model.outputs]
+    compiled = core.compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
-    names = [output.get_any_name() for output in compiled.outputs]
 
     def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         result = request.infer(feed)

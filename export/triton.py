@@ -58,13 +58,15 @@ class TritonOptions:
 
 
 def _output_dims(manifest: BundleManifest) -> dict[str, list[int]]:
-    """Per-request output shapes (batch dimension excluded, -1 = sequence length)."""
+    """Per-request output shapes (batch dimension excluded; -1 = variable: sequence length, masked positions, or a
+    size the manifest does not state: hidden, vocabulary)."""
     labels = len(manifest.labels)
     return {
         "classify": {"logits": [labels]},
         "qa": {"start_logits": [-1], "end_logits": [-1]},
         "ner": {"logits": [-1, labels]},
-        "embed": {"last_hidden_state": [-1, -1]},
+        "embed": {"sentence_embedding": [-1]},
+        "fill-mask": {"mask_logits": [-1, -1]},
     }[manifest.task]
 
 

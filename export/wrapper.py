@@ -4,11 +4,22 @@
 dataclasses of bert_model.heads into the tuple of tensors whose names `bert_model.tasks.spec.OUTPUT_NAMES`
 gives for the task. The model is switched to eager attention, the op sequence ONNX Runtime's BERT optimizer
 fuses into one `Attention` node per layer (see ../shared/README.md, "Export and optimization").
+
+Only what the answer needs leaves the graph (spec.OUTPUT_NAMES):
+- embed: the token states pooled under the attention mask as sentence-transformers' `Pooling` module does (mean:
+  sum / max(count, 1e-9); cls: the first token; max: masked positions at -1e9 first), (B, H). The numpy reference
+  is `bert_model.tasks.embeddings.pool`.
+- fill-mask: the masked-LM head at the mask tokens only, (B, M, V) with M the batch's most masks in one row (at
+  least 1). A row's mask positions come first, in position order, from TopK(k=M, smallest) over a key that is the
+  position for a mask token and S + the position otherwise: the keys are distinct, so the order does not rest on
+  how a runtime breaks ties. The hidden states there are gathered and the head (transform + decoder tied to the
+  word embeddings) runs on M rows instead of S, which also saves the (S, H) x (H, V) product.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +34,7 @@ from bert_model.heads import (
 )
 from bert_model.modeling import BertModel
 from bert_model.registry import resolve_model_path
+from bert_model.tasks.embeddings import MASKED_MAX, POOLING_MODES
 from bert_model.tasks.spec import OUTPUT_NAMES
 
 ARCHITECTURE_TASKS: dict[str, str] = {
@@ -89,13 +101,87 @@ def encoder_of(model: nn.Module) -> BertModel:
     return model if isinstance(model, BertModel) else model.bert  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class GraphOptions:
+    """What a graph computes after the encoder, beyond its task's head."""
+
+    pooling: str = "mean"
+    """embed: how token states become the sentence vector (one of bert_model.tasks.embeddings.POOLING_MODES)."""
+    mask_token_id: int | None = None
+    """fill-mask: the tokenizer's mask token id, whose positions the masked-LM head runs at (required)."""
+
+    def __post_init__(self) -> None:
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {self.pooling!r}")
+
+
+def pool_states(states: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """(B, S, H) token states and the (B, S) 0/1 mask -> (B, H) sentence vectors."""
+    weights = attention_mask.unsqueeze(-1).to(states.dtype)  # (B, S, 1)
+    if mode == "mean":
+        return (states * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+    if mode == "cls":
+        return states[:, 0]
+    if mode == "max":
+        return states.masked_fill(weights == 0, MASKED_MAX).max(dim=1).values
+    raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {mode!r}")
+
+
+def mask_positions(input_ids: torch.Tensor, mask_token_id: int) -> torch.Tensor:
+    """(B, S) ids -> (B, M) positions: each row's mask tokens in position order, then its other positions in order,
+    M = the most mask tokens of a row (at least 1)."""
+    is_mask = input_ids == mask_token_id
+    seq_len = input_ids.shape[1]
+    positions = torch.arange(seq_len, device=input_ids.device)  # (S,)
+    key = torch.where(is_mask, positions, positions + seq_len)  # (B, S): distinct per row, masks first
+    most = is_mask.sum(dim=1).max().clamp(min=1)
+    return torch.topk(key, most, dim=1, largest=False, sorted=True).indices
+
+
+class MaskedPositionsLM(nn.Module):
+    """A masked-LM model's encoder (`bert`) and head (`cls`) under the names of the checkpoint, the head run at the
+    mask tokens only: forward(...) -> (B, M, V). Node names stay `/model/bert/...`, `/model/cls/...` inside
+    ExportWrapper, as for the other tasks (export/static_quant.py keeps `cls/` in float by name)."""
+
+    def __init__(self, model: nn.Module, mask_token_id: int) -> None:
+        super().__init__()
+        self.bert = encoder_of(model)
+        self.cls = _MaskedLMHead(model.cls.predictions)  # type: ignore[union-attr, arg-type]
+        self.mask_token_id = mask_token_id
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        states = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, S, H)
+        positions = mask_positions(input_ids, self.mask_token_id)  # (B, M)
+        index = positions.unsqueeze(-1).expand(-1, -1, states.shape[-1])  # (B, M, H)
+        return self.cls(torch.gather(states, 1, index))  # type: ignore[no-any-return]
+
+
+class _MaskedLMHead(nn.Module):
+    """The masked-LM head of BertForMaskedLM (`cls.predictions`) or BertForPreTraining (whose `cls` also holds the
+    next-sentence head, unused here)."""
+
+    def __init__(self, predictions: nn.Module) -> None:
+        super().__init__()
+        self.predictions = predictions
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return self.predictions(states)  # type: ignore[no-any-return]
+
+
 class ExportWrapper(nn.Module):
     """forward(input_ids, attention_mask, token_type_ids) -> the task's output tensors, in OUTPUT_NAMES order."""
 
-    def __init__(self, model: nn.Module, task: str) -> None:
+    def __init__(self, model: nn.Module, task: str, options: GraphOptions | None = None) -> None:
         super().__init__()
         if task not in OUTPUT_NAMES:
             raise ValueError(f"unknown task {task!r}; choose one of {sorted(OUTPUT_NAMES)}")
+        self.options = options or GraphOptions()
+        if task == "fill-mask":
+            if self.options.mask_token_id is None:
+                raise ValueError("a fill-mask graph needs the tokenizer's mask token id (GraphOptions.mask_token_id)")
+            model = MaskedPositionsLM(model, self.options.mask_token_id)
         self.model = model
         self.task = task
         self.output_names = OUTPUT_NAMES[task]
@@ -104,4 +190,8 @@ class ExportWrapper(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         output = self.model(input_ids, attention_mask, token_type_ids)
+        if self.task == "embed":
+            return (pool_states(output.last_hidden_state, attention_mask, self.options.pooling),)  # (B, H)
+        if self.task == "fill-mask":
+            return (output,)  # (B, M, V)
         return tuple(getattr(output, name) for name in self.output_names)

@@ -53,7 +53,7 @@ from bert_model.tokenization import BertTokenizer
 
 TASKS = ("classify", "qa", "ner", "embed")
 NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
-SEQUENCE_OUTPUTS = {"qa": ("start_logits", "end_logits"), "ner": ("logits",), "embed": ("last_hidden_state",)}
+SEQUENCE_OUTPUTS = {"qa": ("start_logits", "end_logits"), "ner": ("logits",)}
 """Outputs with a row per token: cut to each feature's own length."""
 
 
@@ -165,9 +165,8 @@ class TaskCode:
         else:
             settings = self.manifest.task_settings
             vectors = embedding_postprocess(
-                features, [row["last_hidden_state"] for row in rows],
-                pooling=settings.get("pooling", "mean"), normalize=settings.get("normalize", True),
-            )  # fmt: skip
+                features, [row["sentence_embedding"] for row in rows], normalize=settings.get("normalize", True)
+            )  # the graph pooled: (H,) rows
             tokens = {feature.request_index: len(feature) for feature in features}
             found = {index: {"embedding": vector, "tokens": tokens[index]} for index, vector in vectors.items()}
         return [found.get(index, []) for index in range(count)]

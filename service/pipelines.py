@@ -18,7 +18,8 @@ regression head; a request's `function_to_apply` overrides.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +34,10 @@ from bert_model.tasks.classification import (
 from bert_model.tasks.embeddings import POOLING_MODES, embedding_postprocess
 from bert_model.tasks.features import Feature
 from bert_model.tasks.fill_mask import DEFAULT_MASK_TOKEN, build_fill_mask_features, fill_mask_postprocess, target_ids
-from bert_model.tasks.ner import build_ner_features, ner_postprocess
-from bert_model.tasks.qa import build_qa_features, qa_postprocess
+from bert_model.tasks.ner import NERInputs, encode_ner_texts, ner_postprocess, ner_window_features
+from bert_model.tasks.qa import QAInputs, encode_qa_inputs, qa_postprocess, qa_window_features
 from bert_model.tasks.windows import fit_ner_window, fit_qa_window
-from bert_model.tokenization import BertTokenizer, InputTooLongError
+from bert_model.tokenization import InputTooLongError
 from service.bundles import ServingBundle
 from service.errors import BackendError, InputTooLong, InvalidInput
 
@@ -116,8 +117,9 @@ class FillMaskInput:
 TaskInput = ClassifyInput | QAInput | NERInput | EmbedInput | FillMaskInput
 
 FILL_MASK_OUTPUT_BYTES = 256 * 1024 * 1024
-"""Largest (B, S, V) float32 logits output of one fill-mask batch: caps its padded tokens (about 2,200 with a
-30,522-token vocabulary), since the vocabulary-wide rows dwarf every other task's outputs."""
+"""Largest (B, M, V) float32 `mask_logits` output of one fill-mask batch (M = its most masks in one row). A row
+may be all masks, so M can reach the padded length: the cap bounds a batch's padded tokens (about 2,200 with a
+30,522-token vocabulary). One mask per row, a batch of 8 x 128 tokens puts 8 x 30,522 floats out (977 KB)."""
 
 
 @dataclass(frozen=True)
@@ -190,8 +192,24 @@ def _setting(settings: Mapping[str, Any], name: str, default: int, minimum: int 
     return value
 
 
+@dataclass
+class Plan:
+    """What a request needs of the model, known before its features are built (`Pipeline.plan`)."""
+
+    request: Any
+    sequences: int
+    """Model rows (token sequences) the request's features will be."""
+    tokenized: Any = None
+    """What the pipeline tokenized to count them, which `Pipeline.build` cuts the features from (None: nothing)."""
+
+
 class Pipeline:
-    """Task logic for one bundle: features out of an input, results out of output rows."""
+    """Task logic for one bundle: features out of an input, results out of output rows.
+
+    Features are made in two steps, so that a server judges a request's model rows against the model's queue
+    before it spends time building them: `plan` counts the rows (QA and NER tokenize each input once, without
+    windows, and count the windows arithmetically; the other tasks have one row per input), `build` makes them.
+    """
 
     task = ""
     sequence_outputs: tuple[str, ...] = ()
@@ -212,12 +230,24 @@ class Pipeline:
         return self.bundle.manifest.output_names
 
     def features(self, request: Any) -> list[Feature]:
-        try:
-            return self._features(request)
-        except InputTooLongError as error:
-            raise InputTooLong(f"{error} (or set truncate=true)") from error
-        except (ValueError, TypeError) as error:
-            raise InvalidInput(str(error)) from error
+        """The features of `request` at once (`build(plan(request))`)."""
+        return self.build(self.plan(request))
+
+    def plan(self, request: Any) -> Plan:
+        """How many model rows `request` needs, and what was tokenized to know it."""
+        with _input_errors():
+            return self._plan(request)
+
+    def build(self, plan: Plan) -> list[Feature]:
+        """The features (model rows) of a planned request."""
+        with _input_errors():
+            return self._build(plan)
+
+    def _plan(self, request: Any) -> Plan:
+        return Plan(request, self.count(request))
+
+    def _build(self, plan: Plan) -> list[Feature]:
+        return self._features(plan.request)
 
     def postprocess(self, request: Any, features: Sequence[Feature], outputs: list[dict[str, np.ndarray]]) -> list[Any]:
         try:
@@ -237,6 +267,17 @@ class Pipeline:
 
     def warmup_input(self) -> Any:
         raise NotImplementedError
+
+
+@contextmanager
+def _input_errors() -> Iterator[None]:
+    """Errors of the task layer caused by the input become InvalidInput (InputTooLong for a too long one)."""
+    try:
+        yield
+    except InputTooLongError as error:
+        raise InputTooLong(f"{error} (or set truncate=true)") from error
+    except (ValueError, TypeError) as error:
+        raise InvalidInput(str(error)) from error
 
 
 def _truncation(truncate: bool | None) -> str:
@@ -287,14 +328,14 @@ class QAPipeline(Pipeline):
         self.windows = qa_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length)
         self.max_seq_length = self.windows.max_seq_length
 
-    def _features(self, request: QAInput) -> list[Feature]:
+    def _plan(self, request: QAInput) -> Plan:
         stride = self.windows.doc_stride if request.doc_stride is None else request.doc_stride
         if stride >= self.windows.context_room:
             raise InvalidInput(
                 f"doc_stride {stride} must be smaller than the context tokens of one window "
                 f"({self.windows.context_room} for this model)"
             )
-        features = build_qa_features(
+        inputs = encode_qa_inputs(
             self.tokenizer,
             request.questions,
             request.contexts,
@@ -302,10 +343,15 @@ class QAPipeline(Pipeline):
             doc_stride=stride,
             max_query_length=self.windows.max_query_length,
         )
+        counts = inputs.window_counts()
         if request.truncate is False:
-            _reject_windows(features, "context[{}]", self.max_seq_length)
-            _reject_long_questions(self.tokenizer, request.questions, self.windows.max_query_length)
-        return list(features)
+            _reject_windows(counts, "context[{}]", self.max_seq_length)
+            _reject_long_questions(inputs.question_lengths, self.windows.max_query_length)
+        return Plan(request, sum(counts), inputs)
+
+    def _build(self, plan: Plan) -> list[Feature]:
+        inputs: QAInputs = plan.tokenized
+        return list(qa_window_features(self.tokenizer, inputs))
 
     def _postprocess(self, request: QAInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
         return qa_postprocess(
@@ -336,13 +382,16 @@ class NERPipeline(Pipeline):
         self.max_seq_length, self.stride = ner_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length)
         """Window length, and tokens shared by consecutive windows of a long text."""
 
-    def _features(self, request: NERInput) -> list[Feature]:
-        features = build_ner_features(
-            self.tokenizer, request.texts, max_seq_length=self.max_seq_length, stride=self.stride
-        )
+    def _plan(self, request: NERInput) -> Plan:
+        inputs = encode_ner_texts(self.tokenizer, request.texts, max_seq_length=self.max_seq_length, stride=self.stride)
+        counts = inputs.window_counts()
         if request.truncate is False:
-            _reject_windows(features, "input {}", self.max_seq_length)
-        return list(features)
+            _reject_windows(counts, "input {}", self.max_seq_length)
+        return Plan(request, sum(counts), inputs)
+
+    def _build(self, plan: Plan) -> list[Feature]:
+        inputs: NERInputs = plan.tokenized
+        return list(ner_window_features(self.tokenizer, inputs))
 
     def _postprocess(self, request: NERInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
         logits = [output["logits"] for output in outputs]
@@ -361,10 +410,10 @@ class NERPipeline(Pipeline):
 
 
 class EmbedPipeline(Pipeline):
-    """Sentence embeddings: one (cut or refused) sequence per text, pooled as the manifest says."""
+    """Sentence embeddings: one (cut or refused) sequence per text; the graph pools it (the manifest's `pooling`
+    says how), the pipeline normalizes or truncates the (H,) vector as the request asks."""
 
     task = "embed"
-    sequence_outputs = ("last_hidden_state",)
 
     def __init__(self, bundle: ServingBundle) -> None:
         super().__init__(bundle)
@@ -387,16 +436,15 @@ class EmbedPipeline(Pipeline):
         )
 
     def _postprocess(self, request: EmbedInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
-        states = [output["last_hidden_state"] for output in outputs]
-        size = int(np.shape(states[0])[-1]) if states else 0
+        pooled = [output["sentence_embedding"] for output in outputs]
+        size = int(np.shape(pooled[0])[-1]) if pooled else 0
         if request.dimensions is not None and request.dimensions > size:
             raise InvalidInput(
                 f"dimensions must be at most {size} (this model's embedding size), got {request.dimensions}"
             )
         vectors = embedding_postprocess(
             features,
-            states,
-            pooling=self.pooling,
+            pooled,
             normalize=self.normalize if request.normalize is None else request.normalize,
             dimensions=request.dimensions,
         )
@@ -411,10 +459,10 @@ class EmbedPipeline(Pipeline):
 
 
 class FillMaskPipeline(Pipeline):
-    """Masked-LM predictions at every mask token of a text (Hugging Face fill-mask semantics)."""
+    """Masked-LM predictions at every mask token of a text (Hugging Face fill-mask semantics). The graph scores the
+    mask tokens only: each text's output row is (M, V), its masks' logits in position order first."""
 
     task = "fill-mask"
-    sequence_outputs = ("logits",)
 
     def __init__(self, bundle: ServingBundle) -> None:
         super().__init__(bundle)
@@ -423,6 +471,7 @@ class FillMaskPipeline(Pipeline):
             raise ValueError(
                 f"manifest task_settings mask_token {self.mask_token!r} is not in the tokenizer's vocabulary"
             )
+        # M <= the padded length: bounding the padded tokens bounds the (B, M, V) output
         self.max_batch_tokens = max(self.max_seq_length, FILL_MASK_OUTPUT_BYTES // (4 * self.tokenizer.vocab_size))
 
     def _features(self, request: FillMaskInput) -> list[Feature]:
@@ -440,7 +489,7 @@ class FillMaskPipeline(Pipeline):
         return fill_mask_postprocess(
             self.tokenizer,
             features,
-            [output["logits"] for output in outputs],
+            [output["mask_logits"] for output in outputs],
             top_k=request.top_k,
             targets=None if request.targets is None else target_ids(self.tokenizer, request.targets),
             mask_token=self.mask_token,
@@ -453,24 +502,24 @@ class FillMaskPipeline(Pipeline):
         return FillMaskInput(texts=[f"The service warms up every {self.mask_token} before it reports ready."])
 
 
-def _reject_windows(features: Sequence[Any], pointer: str, max_seq_length: int) -> None:
+def _reject_windows(window_counts: Sequence[int], pointer: str, max_seq_length: int) -> None:
     """With truncate=false, an input that needs more than one window is refused (QA contexts, NER texts).
     `pointer` formats the input's index into the message: `context[{}]`, or `input {}` where REST and gRPC name
     the texts differently."""
-    for feature in features:
-        if feature.window_index > 0:
+    for index, count in enumerate(window_counts):
+        if count > 1:
             raise InputTooLong(
-                f"{pointer.format(feature.request_index)} does not fit in one window of {max_seq_length} tokens; "
+                f"{pointer.format(index)} does not fit in one window of {max_seq_length} tokens; "
                 "shorten it, or send truncate=true to process it in overlapping windows"
             )
 
 
-def _reject_long_questions(tokenizer: BertTokenizer, questions: Sequence[str], limit: int) -> None:
+def _reject_long_questions(question_lengths: Sequence[int], limit: int) -> None:
     """With truncate=false, a question over the model's question budget is refused (truncate=true cuts it)."""
-    for index, encoding in enumerate(tokenizer.backend.encode_batch(list(questions), add_special_tokens=False)):
-        if len(encoding.ids) > limit:
+    for index, length in enumerate(question_lengths):
+        if length > limit:
             raise InputTooLong(
-                f"question[{index}] has {len(encoding.ids)} tokens, more than this model's limit of {limit} tokens "
+                f"question[{index}] has {length} tokens, more than this model's limit of {limit} tokens "
                 "for a question; shorten it, or send truncate=true to cut it"
             )
 

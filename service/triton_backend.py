@@ -93,7 +93,7 @@ class TritonBackend:
                 for start in range(0, rows, self.max_rows)
             )
         )
-        return {name: np.concatenate([part[name] for part in parts]) for name in self.output_names}
+        return {name: _concatenate_rows([part[name] for part in parts]) for name in self.output_names}
 
     async def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._client is not None
@@ -128,3 +128,15 @@ class TritonBackend:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def _concatenate_rows(parts: list[np.ndarray]) -> np.ndarray:
+    """The calls' outputs of one batch, along the batch axis. An axis 1 that differs between calls (fill-mask's
+    masked positions: each call has its own most masks in a row) is padded with zeros to the longest: filler rows,
+    which carry no answer."""
+    if parts[0].ndim < 2:
+        return np.concatenate(parts)
+    longest = max(part.shape[1] for part in parts)
+    if any(part.shape[1] != longest for part in parts):
+        parts = [np.pad(part, [(0, 0), (0, longest - part.shape[1])] + [(0, 0)] * (part.ndim - 2)) for part in parts]
+    return np.concatenate(parts)

@@ -6,6 +6,8 @@ Pooling follows sentence-transformers' `Pooling` module (sentence_transformers/m
 - max: the element-wise maximum over the tokens under the mask (masked positions set to -1e9 first).
 `l2_normalize` is `torch.nn.functional.normalize(p=2, dim=-1, eps=1e-12)`; `truncate_dimensions` keeps the
 first `dimensions` components and renormalizes, as OpenAI's `dimensions` option and Matryoshka models do.
+A bundle's graph pools in the graph (export/wrapper.py follows `pool`) and outputs the pooled vector;
+`embedding_postprocess` normalizes or truncates it as the request asks.
 Torch-free: numpy only; computed in float32 like the reference.
 """
 
@@ -17,7 +19,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from bert_model.tasks.features import Feature, feature_row
+from bert_model.tasks.features import Feature
 
 Pooling = Literal["mean", "cls", "max"]
 POOLING_MODES: tuple[str, ...] = ("mean", "cls", "max")
@@ -64,23 +66,24 @@ def truncate_dimensions(vectors: ArrayLike, dimensions: int) -> np.ndarray:
 
 def embedding_postprocess(
     features: Sequence[Feature],
-    last_hidden_state: Sequence[np.ndarray],
+    pooled: Sequence[np.ndarray],
     *,
-    pooling: str = "mean",
     normalize: bool = True,
     dimensions: int | None = None,
 ) -> dict[int, list[float]]:
     """Per request index: its sentence vector. One feature per input (no windows); each output row is that
-    feature's (S, H) token states, padded or not (the padding is left out of the pooling)."""
-    if len(features) != len(last_hidden_state):
-        raise ValueError(f"{len(last_hidden_state)} output rows for {len(features)} features")
+    feature's (H,) pooled vector (the graph's `sentence_embedding`), normalized unless `normalize` is false, or cut
+    to its first `dimensions` components and renormalized."""
+    if len(features) != len(pooled):
+        raise ValueError(f"{len(pooled)} output rows for {len(features)} features")
     results: dict[int, list[float]] = {}
-    for feature, output in zip(features, last_hidden_state, strict=True):
-        row = feature_row(feature, output, "last_hidden_state")  # (S, H)
-        vector = pool(row[None], np.ones((1, len(feature)), dtype=np.int64), pooling)
+    for feature, output in zip(features, pooled, strict=True):
+        vector = np.asarray(output, dtype=np.float32)
+        if vector.ndim != 1:
+            raise ValueError(f"sentence_embedding rows must be (hidden,) vectors, got shape {vector.shape}")
         if dimensions is not None:
             vector = truncate_dimensions(vector, dimensions)  # unit length whatever `normalize` says
         elif normalize:
             vector = l2_normalize(vector)
-        results[feature.request_index] = vector[0].tolist()
+        results[feature.request_index] = vector.tolist()
     return results

@@ -5,7 +5,9 @@ the vocabulary (over `targets` only when given), its `top_k` best as `{score, to
 where `sequence` is the input with that one mask filled, decoded without padding; special tokens are left
 out of it when the input has one mask and kept when it has several (so the other masks stay visible).
 Unlike the pipeline, a target that is not one vocabulary entry is refused (the pipeline silently replaces it
-by its first word piece). Torch-free: numpy + tokenizers.
+by its first word piece). A bundle's graph scores the mask tokens only (export/wrapper.py): a feature's output row
+is (M, V), the logits of its mask tokens in position order, then filler rows up to its batch's most masks.
+Torch-free: numpy + tokenizers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import TypedDict
 
 import numpy as np
 
-from bert_model.tasks.features import Feature, feature_row
+from bert_model.tasks.features import Feature
 from bert_model.tasks.numeric import softmax
 from bert_model.tokenization import BertTokenizer, Truncation
 
@@ -91,27 +93,31 @@ def build_fill_mask_features(
 def fill_mask_postprocess(
     tokenizer: BertTokenizer,
     features: Sequence[Feature],
-    logits: Sequence[np.ndarray],
+    mask_logits: Sequence[np.ndarray],
     *,
     top_k: int = 5,
     targets: Sequence[int] | None = None,
     mask_token: str = DEFAULT_MASK_TOKEN,
 ) -> dict[int, list[list[FillMaskResult]]]:
-    """Per request index: for each mask position in order, the `top_k` best fills (at most len(targets))."""
+    """Per request index: for each mask position in order, the `top_k` best fills (at most len(targets)).
+    `mask_logits` holds one (M, V) row per feature: the logits of its mask tokens in position order first."""
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if len(features) != len(logits):
-        raise ValueError(f"{len(logits)} output rows for {len(features)} features")
+    if len(features) != len(mask_logits):
+        raise ValueError(f"{len(mask_logits)} output rows for {len(features)} features")
     mask_id = mask_token_id(tokenizer, mask_token)
     candidates = None if targets is None else np.asarray(list(targets), dtype=np.int64)
     results: dict[int, list[list[FillMaskResult]]] = {}
-    for feature, output in zip(features, logits, strict=True):
-        row = feature_row(feature, output, "logits")  # (S, V)
+    for feature, output in zip(features, mask_logits, strict=True):
         ids = np.asarray(feature.input_ids, dtype=np.int64)
         positions = np.flatnonzero(ids == mask_id)
+        rows = np.asarray(output)
+        if rows.ndim != 2 or rows.shape[0] < len(positions):
+            raise ValueError(f"mask_logits row of shape {rows.shape} for an input with {len(positions)} mask tokens")
         single = len(positions) == 1
         results[feature.request_index] = [
-            _fill(tokenizer, ids, int(position), row[position], top_k, candidates, single) for position in positions
+            _fill(tokenizer, ids, int(position), rows[order], top_k, candidates, single)
+            for order, position in enumerate(positions)
         ]
     return results
 

@@ -31,9 +31,22 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "classify": ("logits",),  # (batch_size, num_labels)
     "qa": ("start_logits", "end_logits"),  # (batch_size, sequence_length) each
     "ner": ("logits",),  # (batch_size, sequence_length, num_labels)
-    "embed": ("last_hidden_state",),  # (batch_size, sequence_length, hidden)
-    "fill-mask": ("logits",),  # (batch_size, sequence_length, vocab_size): the masked-LM head's scores
+    "embed": ("sentence_embedding",),  # (batch_size, hidden): token states pooled as task_settings say
+    "fill-mask": ("mask_logits",),  # (batch_size, masked_positions, vocab_size): the masked-LM head's scores
 }
+"""Only what the answer needs leaves the graph. An embed graph pools its token states (task_settings `pooling`,
+under the attention mask); normalization stays with the caller, whose requests may ask for the raw vector or a
+prefix of it. A fill-mask graph runs the masked-LM head at the mask tokens only (input_ids == the tokenizer's mask
+id): row b holds the logits of its mask tokens in position order, then filler rows up to the batch's most masks
+(at least one), which carry no answer."""
+
+UNLISTED_OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
+    **OUTPUT_NAMES,
+    "embed": ("last_hidden_state",),
+    "fill-mask": ("logits",),
+}
+"""The outputs of the graphs of a manifest that does not list them (written before manifests listed `outputs`):
+embed graphs then returned every token state, fill-mask graphs the logits of every position."""
 
 DYNAMIC_AXES: dict[str, dict[int, str]] = {
     "input_ids": {0: "batch_size", 1: "sequence_length"},
@@ -41,11 +54,12 @@ DYNAMIC_AXES: dict[str, dict[int, str]] = {
     "token_type_ids": {0: "batch_size", 1: "sequence_length"},
     "logits@classify": {0: "batch_size"},
     "logits@ner": {0: "batch_size", 1: "sequence_length"},
-    "logits@fill-mask": {0: "batch_size", 1: "sequence_length"},
     "start_logits": {0: "batch_size", 1: "sequence_length"},
     "end_logits": {0: "batch_size", 1: "sequence_length"},
-    "last_hidden_state": {0: "batch_size", 1: "sequence_length"},
+    "sentence_embedding": {0: "batch_size"},
+    "mask_logits": {0: "batch_size", 1: "masked_positions"},
 }
+SEQUENCE_AXIS = "sequence_length"
 
 
 def dynamic_axes(task: str) -> dict[str, dict[int, str]]:
@@ -54,6 +68,16 @@ def dynamic_axes(task: str) -> dict[str, dict[int, str]]:
     for name in OUTPUT_NAMES[task]:
         axes[name] = DYNAMIC_AXES.get(f"{name}@{task}", DYNAMIC_AXES.get(name, {0: "batch_size"}))
     return axes
+
+
+def sequence_outputs(task: str) -> tuple[str, ...]:
+    """The outputs of a `task` graph with one row per input token, (batch_size, sequence_length, ...): cut to each
+    input's own length, compared at real positions only. The others have one row per input, whatever its length."""
+    return tuple(
+        name
+        for name, axes in dynamic_axes(task).items()
+        if name in OUTPUT_NAMES[task] and SEQUENCE_AXIS in axes.values()
+    )
 
 
 @dataclass
@@ -100,6 +124,9 @@ class BundleManifest:
     max_seq_length, doc_stride, max_query_length, max_answer_length (and version_2, null_threshold); for ner
     max_seq_length, stride; for embed pooling ("mean" | "cls" | "max") and normalize (bool); for fill-mask
     mask_token. The service's defaults; empty (bundles written before it) = the service's own."""
+    outputs: list[str] = field(default_factory=list)
+    """The graphs' outputs, in order: the task's OUTPUT_NAMES (empty = those, when built in code). A bundle whose
+    graphs output anything else was exported by another build of the contract and is refused: re-export it."""
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -112,6 +139,9 @@ class BundleManifest:
             raise ValueError("a bundle needs at least one variant")
         if self.max_seq_length < 8:
             raise ValueError(f"max_seq_length {self.max_seq_length} is too small")
+        self.outputs = list(self.outputs) or list(OUTPUT_NAMES[self.task])
+        if self.outputs != list(OUTPUT_NAMES[self.task]):
+            raise ValueError(f"{self.task} graphs output {list(OUTPUT_NAMES[self.task])}, not {self.outputs}")
         if not isinstance(self.task_settings, dict):
             raise ValueError(f"manifest task_settings must be an object, got {self.task_settings!r}")
         if self.task in ("classify", "ner") and not self.labels:
@@ -154,6 +184,8 @@ class BundleManifest:
         version = data.get("format_version")
         if version != FORMAT_VERSION:
             raise ValueError(f"{path} has format_version {version!r}; this build reads {FORMAT_VERSION}")
+        if data.get("task") in OUTPUT_NAMES:
+            _check_outputs(data, path)
         try:
             manifest = cls(**data)
         except TypeError as error:
@@ -162,3 +194,16 @@ class BundleManifest:
             if not (Path(bundle_dir) / variant.file).is_file():
                 raise FileNotFoundError(f"bundle {bundle_dir}: variant {name!r} file {variant.file} is missing")
         return manifest
+
+
+def _check_outputs(data: dict[str, Any], path: Path) -> None:
+    """Refuse a manifest whose graphs' outputs are not the task's OUTPUT_NAMES, saying how to get a bundle that is."""
+    task = data["task"]
+    outputs = list(data.get("outputs") or UNLISTED_OUTPUT_NAMES[task])
+    if outputs != list(OUTPUT_NAMES[task]):
+        model = data.get("source", {}).get("model", "MODEL") if isinstance(data.get("source"), dict) else "MODEL"
+        raise ValueError(
+            f"{path}: the graphs of this {task} bundle output {outputs}, and this build serves {task} graphs that "
+            f"output {list(OUTPUT_NAMES[task])} (only what the answer needs leaves the graph); re-export the bundle: "
+            f"bertserve export {model} --out {path.parent}"
+        )

@@ -17,10 +17,9 @@ NER_LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC
 MAX_SEQ_LENGTH = 64
 TASK_NAMES = {"classify": "tiny-classify", "qa": "tiny-qa", "ner": "tiny-ner"}
 ENCODER_TASK_NAMES = {"embed": "tiny-embed", "fill-mask": "tiny-fill-mask"}
-"""The encoder tasks: BertModel's last_hidden_state (mean pooling, normalized) and the masked-LM head's logits."""
+"""The encoder tasks, exported through export.wrapper.ExportWrapper as `bertserve export` does: BertModel's token
+states mean-pooled in the graph (normalized by the service), and the masked-LM head's logits at the mask tokens."""
 TASK_SETTINGS = {"embed": {"pooling": "mean", "normalize": True}, "fill-mask": {"mask_token": "[MASK]"}}
-OUTPUT_ATTRIBUTES = {"fill-mask": {"logits": "prediction_logits"}}
-"""Graph output name -> the model output's attribute, where they differ."""
 
 
 def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: int = 0) -> Path:
@@ -59,7 +58,6 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
         "fill-mask": BertForPreTraining,
     }[task]
     model = model_class(config).eval()
-    attributes = OUTPUT_ATTRIBUTES.get(task, {})
     output_names = BundleManifest(
         name="x",
         task=task,
@@ -75,7 +73,7 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
 
         def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
             out = self.inner(input_ids, attention_mask, token_type_ids)
-            return tuple(getattr(out, attributes.get(n, n)) for n in output_names)
+            return tuple(getattr(out, n) for n in output_names)
 
     bundle = out_dir / (name or {**TASK_NAMES, **ENCODER_TASK_NAMES}[task])
     bundle.mkdir(parents=True, exist_ok=True)
@@ -83,7 +81,7 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
     args = tuple(torch.from_numpy(example[n]) for n in INPUT_NAMES)
     with torch.no_grad():
         torch.onnx.export(
-            Wrapper().eval(),
+            _encoder_wrapper(model, task, tokenizer.mask_id) if task in ENCODER_TASK_NAMES else Wrapper().eval(),
             args,
             str(bundle / "cpu-fp32.onnx"),
             input_names=list(INPUT_NAMES),
@@ -104,6 +102,12 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
         task_settings=TASK_SETTINGS.get(task, {}),
     ).write(bundle)
     return bundle
+
+
+def _encoder_wrapper(model, task: str, mask_id: int):  # type: ignore[no-untyped-def]
+    from export.wrapper import ExportWrapper, GraphOptions
+
+    return ExportWrapper(model, task, GraphOptions(pooling="mean", mask_token_id=mask_id)).eval()
 
 
 def build_all(out_dir: Path) -> dict[str, Path]:

@@ -68,13 +68,16 @@ def test_unknown_pooling_and_bad_shapes_are_refused() -> None:
 
 def test_postprocess_one_vector_per_request_in_order() -> None:
     states, mask = _states()
+    pooled = pool(states, mask, "mean")  # what a bundle's graph outputs: (B, H)
     features = [Feature(request_index=i, input_ids=[1] * int(mask[i].sum()), token_type_ids=[0]) for i in (2, 0)]
-    rows = [states[2], states[0]]  # padded rows: the padding is cut off by the feature's length
-    out = embedding_postprocess(features, rows, pooling="mean", normalize=True)
+    rows = [pooled[2], pooled[0]]
+    out = embedding_postprocess(features, rows, normalize=True)
     assert sorted(out) == [0, 2]
-    np.testing.assert_allclose(out[2], l2_normalize(pool(states[2:3], mask[2:3]))[0], rtol=1e-6)
-    raw = embedding_postprocess(features, rows, pooling="cls", normalize=False)
-    np.testing.assert_allclose(raw[0], states[0, 0], rtol=1e-6)
-    cut = embedding_postprocess(features, rows, pooling="mean", normalize=False, dimensions=4)
+    np.testing.assert_allclose(out[2], l2_normalize(pooled[2:3])[0], rtol=1e-6)
+    raw = embedding_postprocess(features, rows, normalize=False)
+    np.testing.assert_array_equal(raw[0], pooled[0])
+    cut = embedding_postprocess(features, rows, normalize=False, dimensions=4)
     assert len(cut[0]) == 4
-    np.testing.assert_allclose(np.linalg.norm(cut[0]), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(cut[0], l2_normalize(pooled[0, :4]), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"rows must be \(hidden,\) vectors, got shape \(6, 8\)"):
+        embedding_postprocess(features[:1], [states[2]])

@@ -34,14 +34,18 @@ def hf(tokenizer: BertTokenizer, tmp_path_factory: pytest.TempPathFactory):  # t
 
 
 def _ours(tokenizer: BertTokenizer, hf, texts, **options):  # type: ignore[no-untyped-def]
+    """Post-processing of rows shaped as a bundle's graph outputs them: the logits at the mask tokens in position
+    order, then a filler row (a batch with more masks in another row)."""
     _, model, torch = hf
     features = build_fill_mask_features(tokenizer, texts, max_seq_length=64)
-    logits = []
+    rows = []
     with torch.no_grad():
         for feature in features:
             ids = torch.tensor([feature.input_ids])
-            logits.append(model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].numpy())
-    return fill_mask_postprocess(tokenizer, features, logits, **options)
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].numpy()  # (S, V)
+            at_masks = logits[np.asarray(feature.input_ids) == tokenizer.mask_id]
+            rows.append(np.concatenate([at_masks, np.full_like(logits[:1], 50.0)]))  # filler rows never read
+    return fill_mask_postprocess(tokenizer, features, rows, **options)
 
 
 def _same(ours: list[dict], theirs: list[dict]) -> None:
@@ -92,3 +96,9 @@ def test_input_without_a_mask_is_refused(tokenizer: BertTokenizer) -> None:
     long = "word " * 80 + "[MASK]"
     with pytest.raises(ValueError, match=r"input 0: every \[MASK\] falls after the first 16 tokens"):
         build_fill_mask_features(tokenizer, [long], max_seq_length=16)
+
+
+def test_rows_with_fewer_mask_rows_than_masks_are_refused(tokenizer: BertTokenizer) -> None:
+    (feature,) = build_fill_mask_features(tokenizer, TEXTS[1:])
+    with pytest.raises(ValueError, match=r"mask_logits row of shape \(1, 7\) for an input with 2 mask tokens"):
+        fill_mask_postprocess(tokenizer, [feature], [np.zeros((1, 7), np.float32)])
