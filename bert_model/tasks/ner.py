@@ -15,7 +15,9 @@ Words are the pre-tokenizer's words for raw text (BERT splits on whitespace and 
 `##` test does), or the given words for pre-split input (CoNLL). Deviation from the pipeline, on purpose:
 `word` is always `text[start:end]`, the exact original characters (the pipeline decodes word pieces, which loses
 case and accents). Long texts are split into windows of `max_seq_length` tokens overlapping by `stride`; each
-token's prediction comes from the window where it sits farthest from the edge. Torch-free.
+token's prediction comes from the window where it sits farthest from the edge. A text is tokenized once
+(`encode_ner_texts`) and its windows cut from those tokens (`ner_window_features`), so their number is known
+(`NERInputs.window_counts`) before any is built. Torch-free.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 import numpy as np
+from tokenizers import Encoding
 
 from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
 from bert_model.tasks.numeric import softmax
+from bert_model.tasks.windows import NER_SPECIAL_TOKENS, token_windows, window_count
 from bert_model.tokenization import BertTokenizer
 
 IGNORE_INDEX = -100
@@ -115,21 +119,55 @@ def split_tag(label: str) -> tuple[str, str]:
 
 
 # ---- features ------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class NERInputs:
+    """Raw texts tokenized once, without special tokens and before windowing: what `ner_window_features` cuts
+    windows from, and what their number is counted from."""
+
+    texts: list[str]
+    encodings: list[Encoding]
+    max_seq_length: int
+    stride: int
+
+    def window_counts(self) -> list[int]:
+        """Windows per text, computed from the token counts without building them."""
+        room = self.max_seq_length - NER_SPECIAL_TOKENS
+        return [window_count(len(encoding.ids), room, self.stride) for encoding in self.encodings]
+
+
 def build_ner_features(
     tokenizer: BertTokenizer, texts: Sequence[str], *, max_seq_length: int = 128, stride: int = 32
 ) -> list[NERFeature]:
     """Windows of raw texts, words = the pre-tokenizer's words; `request_index` = the text's index."""
+    return ner_window_features(
+        tokenizer, encode_ner_texts(tokenizer, texts, max_seq_length=max_seq_length, stride=stride)
+    )
+
+
+def encode_ner_texts(
+    tokenizer: BertTokenizer, texts: Sequence[str], *, max_seq_length: int = 128, stride: int = 32
+) -> NERInputs:
+    """Tokenize every text once, for `ner_window_features` (the window settings are checked here)."""
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not a single string")
-    features: list[NERFeature] = []
     for index, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"text {index} must be a string, got {type(text).__name__}")
-        encoding = tokenizer.backend.encode(text, add_special_tokens=False)
+    _check_window(max_seq_length, stride)
+    encodings = tokenizer.backend.encode_batch(list(texts), add_special_tokens=False)
+    return NERInputs(list(texts), list(encodings), max_seq_length, stride)
+
+
+def ner_window_features(tokenizer: BertTokenizer, inputs: NERInputs) -> list[NERFeature]:
+    """[CLS] window of the text [SEP] for every window of every text, in input order."""
+    features: list[NERFeature] = []
+    for index, (text, encoding) in enumerate(zip(inputs.texts, inputs.encodings, strict=True)):
         word_ids = [w if w is not None else -1 for w in encoding.word_ids]
         num_words = max(word_ids, default=-1) + 1
         offsets = [(int(s), int(e)) for s, e in encoding.offsets]
-        features += _windows(tokenizer, index, text, encoding.ids, offsets, word_ids, num_words, max_seq_length, stride)
+        features += _windows(
+            tokenizer, index, text, encoding.ids, offsets, word_ids, num_words, inputs.max_seq_length, inputs.stride
+        )
     return features
 
 
@@ -179,11 +217,8 @@ def _windows(
     max_seq_length: int,
     stride: int,
 ) -> list[NERFeature]:
-    room = max_seq_length - 2
-    if room < 1 or not 0 <= stride < room:
-        raise ValueError(
-            f"need max_seq_length >= 3 and 0 <= stride < max_seq_length - 2, got {max_seq_length}, {stride}"
-        )
+    room = max_seq_length - NER_SPECIAL_TOKENS
+    _check_window(max_seq_length, stride)
     starts = [wid >= 0 and (t == 0 or word_ids[t - 1] != wid) for t, wid in enumerate(word_ids)]
     bounds = window_bounds(len(ids), room, stride)
     features = []
@@ -206,15 +241,19 @@ def _windows(
     return features
 
 
+def _check_window(max_seq_length: int, stride: int) -> None:
+    if max_seq_length - NER_SPECIAL_TOKENS < 1 or not 0 <= stride < max_seq_length - NER_SPECIAL_TOKENS:
+        raise ValueError(
+            f"need max_seq_length >= 3 and 0 <= stride < max_seq_length - 2, got {max_seq_length}, {stride}"
+        )
+
+
 def window_bounds(count: int, room: int, stride: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """Token windows [first, stop) of at most `room` tokens overlapping by `stride`, and the part each owns.
 
     Owned parts tile [0, count) without overlap; a shared stretch is split in its middle.
     """
-    windows = [(0, min(room, count))]
-    while windows[-1][1] < count:
-        first = windows[-1][1] - stride
-        windows.append((first, min(first + room, count)))
+    windows = token_windows(count, room, stride)
     cuts = [0] + [(windows[k + 1][0] + windows[k][1]) // 2 for k in range(len(windows) - 1)] + [count]
     return [(window, (cuts[k], cuts[k + 1])) for k, window in enumerate(windows)]
 

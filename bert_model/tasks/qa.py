@@ -5,11 +5,15 @@ maximises start + end logits with end >= start; SQuAD 2.0 predicts "no answer" w
 best span by a threshold tuned on dev data); Rajpurkar et al. (2016, 2018) for the data and answers.
 
 Windows: the question comes first (at most `max_query_length` tokens), the context second; contexts longer
-than one window are split by the tokenizer's `only_second` truncation, consecutive windows sharing `doc_stride`
-tokens (Hugging Face's `run_qa.py` convention). Every window is scored with log-softmax over its context tokens
-and [CLS]; spans from all windows of a question compete on that probability (as Hugging Face's
-question-answering pipeline does), duplicates of one character span keep their best score. Answers carry
-character offsets into the original context, and `answer == context[start:end]` always holds. Torch-free.
+than one window are split into windows sharing `doc_stride` tokens (Hugging Face's `run_qa.py` convention,
+the windows of the tokenizer's `only_second` truncation with that stride). Each question and context is
+tokenized once, without special tokens (`encode_qa_inputs`); the windows are cut from those tokens
+(`qa_window_features`), so their number is known (`QAInputs.window_counts`) before any is built.
+
+Every window is scored with log-softmax over its context tokens and [CLS]; spans from all windows of a question
+compete on that probability (as Hugging Face's question-answering pipeline does), duplicates of one character
+span keep their best score. Answers carry character offsets into the original context, and
+`answer == context[start:end]` always holds. Torch-free.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from tokenizers import Encoding
 
 from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
 from bert_model.tasks.numeric import log_softmax
+from bert_model.tasks.windows import QA_SPECIAL_TOKENS, token_windows, window_count
 from bert_model.tokenization import BertTokenizer
 
 NO_OFFSET = (0, 0)
@@ -95,6 +100,30 @@ class QASettings:
             )
 
 
+@dataclass(eq=False)
+class QAInputs:
+    """Questions and contexts tokenized once, without special tokens and before windowing: what
+    `qa_window_features` cuts windows from, and what their number is counted from."""
+
+    questions: list[Encoding]
+    """Each question's tokens, cut to `max_query_length`."""
+    question_lengths: list[int]
+    """Each question's token count before the cut."""
+    contexts: list[Encoding]
+    """Each whole context's tokens."""
+    context_texts: list[str]
+    settings: QASettings
+
+    def context_room(self, index: int) -> int:
+        """Context tokens per window of pair `index`: what its question and the three special tokens leave."""
+        return self.settings.max_seq_length - len(self.questions[index].ids) - QA_SPECIAL_TOKENS
+
+    def window_counts(self) -> list[int]:
+        """Windows per (question, context), computed from the token counts without building them."""
+        stride = self.settings.doc_stride
+        return [window_count(len(c.ids), self.context_room(i), stride) for i, c in enumerate(self.contexts)]
+
+
 def build_qa_features(
     tokenizer: BertTokenizer,
     questions: Sequence[str],
@@ -105,16 +134,70 @@ def build_qa_features(
     max_query_length: int = 64,
 ) -> list[QAFeature]:
     """One or more windows per (question, context), in input order; `request_index` = the pair's index."""
+    inputs = encode_qa_inputs(
+        tokenizer,
+        questions,
+        contexts,
+        max_seq_length=max_seq_length,
+        doc_stride=doc_stride,
+        max_query_length=max_query_length,
+    )
+    return qa_window_features(tokenizer, inputs)
+
+
+def encode_qa_inputs(
+    tokenizer: BertTokenizer,
+    questions: Sequence[str],
+    contexts: Sequence[str],
+    *,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+) -> QAInputs:
+    """Tokenize every question (cut to `max_query_length` tokens) and context once, for `qa_window_features`."""
     settings = QASettings(max_seq_length, doc_stride, max_query_length)
     _check_inputs(questions, contexts)
-    kept = [truncate_question(tokenizer, q, max_query_length) for q in questions]
-    encodings = tokenizer.encode_batch(
-        kept, list(contexts), max_length=settings.max_seq_length, truncation="only_second", stride=doc_stride
+    backend = tokenizer.backend
+    encoded = backend.encode_batch(list(questions), add_special_tokens=False)
+    lengths = [len(encoding.ids) for encoding in encoded]
+    long = [index for index, length in enumerate(lengths) if length > max_query_length]
+    if long:
+        # the cut question is tokenized again, as a text of its own (its last word may split differently)
+        cut = [questions[i][: encoded[i].offsets[max_query_length - 1][1]] for i in long]
+        for index, encoding in zip(long, backend.encode_batch(cut, add_special_tokens=False), strict=True):
+            encoding.truncate(max_query_length)  # a no-op unless the cut text has more tokens than its prefix
+            encoded[index] = encoding
+    return QAInputs(
+        questions=list(encoded),
+        question_lengths=lengths,
+        contexts=list(backend.encode_batch(list(contexts), add_special_tokens=False)),
+        context_texts=list(contexts),
+        settings=settings,
     )
+
+
+def qa_window_features(tokenizer: BertTokenizer, inputs: QAInputs) -> list[QAFeature]:
+    """[CLS] question [SEP] window of the context [SEP] for every window of every pair, in input order."""
     features: list[QAFeature] = []
-    for index, (encoding, context) in enumerate(zip(encodings, contexts, strict=True)):
-        for window, part in enumerate([encoding, *encoding.overflowing]):
-            features.append(_window_feature(index, window, part, context))
+    for index, (question, context) in enumerate(zip(inputs.questions, inputs.contexts, strict=True)):
+        head = [tokenizer.cls_id, *question.ids, tokenizer.sep_id]
+        ids, offsets = context.ids, [(int(start), int(end)) for start, end in context.offsets]
+        windows = token_windows(len(ids), inputs.context_room(index), inputs.settings.doc_stride)
+        for number, (first, stop) in enumerate(windows):
+            size = stop - first
+            context_start = len(head)
+            features.append(
+                QAFeature(
+                    request_index=index,
+                    input_ids=[*head, *ids[first:stop], tokenizer.sep_id],
+                    token_type_ids=[0] * len(head) + [1] * (size + 1),
+                    context=inputs.context_texts[index],
+                    offsets=[NO_OFFSET] * len(head) + offsets[first:stop] + [NO_OFFSET],
+                    context_start=context_start,
+                    context_end=context_start + size,
+                    window_index=number,
+                )
+            )
     return features
 
 
@@ -137,25 +220,6 @@ def _check_inputs(questions: Sequence[str], contexts: Sequence[str]) -> None:
                 raise TypeError(f"{name} {index} must be a string, got {type(text).__name__}")
             if not text.strip():
                 raise ValueError(f"{name} {index} is empty")
-
-
-def _window_feature(index: int, window: int, encoding: Encoding, context: str) -> QAFeature:
-    sequence_ids = encoding.sequence_ids
-    in_context = [i for i, s in enumerate(sequence_ids) if s == 1]
-    start, end = (in_context[0], in_context[-1] + 1) if in_context else (len(sequence_ids) - 1,) * 2
-    offsets = [
-        (int(o[0]), int(o[1])) if s == 1 else NO_OFFSET for o, s in zip(encoding.offsets, sequence_ids, strict=True)
-    ]
-    return QAFeature(
-        request_index=index,
-        input_ids=list(encoding.ids),
-        token_type_ids=list(encoding.type_ids),
-        context=context,
-        offsets=offsets,
-        context_start=start,
-        context_end=end,
-        window_index=window,
-    )
 
 
 # ---- training labels -----------------------------------------------------------------------------------

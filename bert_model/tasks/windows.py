@@ -5,6 +5,9 @@ the bundle manifest) and by the service (`service/pipelines.py`, which reads the
 text the same way. A stored window that fits is kept as it is: it is the one the model was fine-tuned and
 evaluated with. A longer one, or none at all, becomes a window of `capacity` tokens whose question and stride
 are shrunk so that every window keeps room for context and consecutive windows share only part of it.
+`token_windows` and `window_count` are how a token sequence is cut into those windows (consecutive windows
+sharing `stride` tokens, the last one ending at the sequence's end, as the `tokenizers` library's overflow windows
+are cut), so that a server can count the windows of a request from its token counts before building any.
 Torch-free.
 """
 
@@ -51,3 +54,27 @@ def fit_ner_window(capacity: int, stride: int, max_seq_length: int | None = None
     if max_seq_length is not None and max_seq_length <= capacity:
         return NERWindow(max_seq_length, stride)
     return NERWindow(capacity, min(stride, (capacity - NER_SPECIAL_TOKENS) // 4))
+
+
+def token_windows(count: int, room: int, stride: int) -> list[tuple[int, int]]:
+    """Token spans [first, stop) of at most `room` tokens covering [0, count), consecutive ones sharing `stride`
+    tokens; one (possibly empty) span for a short sequence."""
+    _check_room(room, stride)
+    windows = [(0, min(room, count))]
+    while windows[-1][1] < count:
+        first = windows[-1][1] - stride
+        windows.append((first, min(first + room, count)))
+    return windows
+
+
+def window_count(count: int, room: int, stride: int) -> int:
+    """len(token_windows(count, room, stride)), computed without building them."""
+    _check_room(room, stride)
+    if count <= room:
+        return 1
+    return 1 + -(-(count - room) // (room - stride))
+
+
+def _check_room(room: int, stride: int) -> None:
+    if room < 1 or not 0 <= stride < room:
+        raise ValueError(f"windows need room >= 1 token and 0 <= stride < room, got room {room}, stride {stride}")
