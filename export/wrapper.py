@@ -135,7 +135,8 @@ def mask_positions(input_ids: torch.Tensor, mask_token_id: int) -> torch.Tensor:
     positions = torch.arange(seq_len, device=input_ids.device)  # (S,)
     key = torch.where(is_mask, positions, positions + seq_len)  # (B, S): distinct per row, masks first
     most = is_mask.sum(dim=1).max().clamp(min=1)
-    return torch.topk(key, most, dim=1, largest=False, sorted=True).indices
+    # k as a tensor: the traced graph computes M per batch (a Python int would be traced as a constant)
+    return torch.topk(key, most, dim=1, largest=False, sorted=True).indices  # type: ignore[arg-type]
 
 
 class MaskedPositionsLM(nn.Module):
@@ -155,7 +156,7 @@ class MaskedPositionsLM(nn.Module):
         states = self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state  # (B, S, H)
         positions = mask_positions(input_ids, self.mask_token_id)  # (B, M)
         index = positions.unsqueeze(-1).expand(-1, -1, states.shape[-1])  # (B, M, H)
-        return self.cls(torch.gather(states, 1, index))  # type: ignore[no-any-return]
+        return self.cls(torch.gather(states, 1, index))
 
 
 class _MaskedLMHead(nn.Module):
@@ -167,7 +168,7 @@ class _MaskedLMHead(nn.Module):
         self.predictions = predictions
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
-        return self.predictions(states)  # type: ignore[no-any-return]
+        return self.predictions(states)
 
 
 class ExportWrapper(nn.Module):

@@ -1,9 +1,10 @@
 """Acceptance of the encoder's bundles against the libraries people use them through, on real sentences:
 
-- embed: the exported MiniLM bundle, run by ONNX Runtime and pooled / normalized by `bert_model.tasks.embeddings`
-  as its manifest says, against `sentence-transformers` loading the same local folder (the oracle);
-- fill-mask: a masked-LM checkpoint's bundle, post-processed by `bert_model.tasks.fill_mask`, against
-  transformers' `fill-mask` pipeline on the same checkpoint.
+- embed: the exported MiniLM bundle, run by ONNX Runtime (its graph pools as the manifest says) and normalized by
+  `bert_model.tasks.embeddings`, against `sentence-transformers` loading the same local folder (the oracle);
+- fill-mask: a masked-LM checkpoint's bundle (its graph scores the mask tokens only), post-processed by
+  `bert_model.tasks.fill_mask`, against transformers' `fill-mask` pipeline on the same checkpoint, with and
+  without `targets`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import transformers
 
 from bert_model.registry import minilm_path
 from bert_model.tasks.classification import build_classification_features
-from bert_model.tasks.embeddings import l2_normalize, pool
+from bert_model.tasks.embeddings import l2_normalize
 from bert_model.tasks.features import collate
-from bert_model.tasks.fill_mask import build_fill_mask_features, fill_mask_postprocess
+from bert_model.tasks.fill_mask import build_fill_mask_features, fill_mask_postprocess, target_ids
 from bert_model.tasks.runtimes import openvino_available
 from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
 from bert_model.tokenization import BertTokenizer
@@ -42,7 +43,7 @@ def real_sentences(data_dir: Path) -> list[str]:
 
 
 def bundle_vectors(bundle: Path, variant: str, texts: list[str]) -> np.ndarray:
-    """Sentence vectors as the service computes them: the bundle's graph, then its manifest's pooling."""
+    """Sentence vectors as the service computes them: the bundle's graph (pooled), then its manifest's normalization."""
     manifest = BundleManifest.read(bundle)
     tokenizer = BertTokenizer.from_pretrained(bundle / TOKENIZER_DIR)
     features = build_classification_features(tokenizer, texts, max_seq_length=manifest.max_seq_length)
@@ -52,7 +53,7 @@ def bundle_vectors(bundle: Path, variant: str, texts: list[str]) -> np.ndarray:
     vectors = []
     for start in range(0, len(features), 32):
         feed = collate(features[start : start + 32], tokenizer.pad_id)
-        pooled = pool(run(feed)["last_hidden_state"], feed["attention_mask"], manifest.task_settings["pooling"])
+        pooled = run(feed)["sentence_embedding"]  # (B, H): pooled in the graph
         vectors.append(l2_normalize(pooled) if manifest.task_settings["normalize"] else pooled)
     return np.concatenate(vectors)
 
@@ -110,13 +111,14 @@ def test_fill_mask_equals_the_transformers_pipeline(masked_lm_folder: Path, data
     features = build_fill_mask_features(tokenizer, texts)
     session = ort.InferenceSession(str(bundle / "cpu-fp32.onnx"), providers=["CPUExecutionProvider"])
     rows = []
-    for feature in features:
-        (logits,) = session.run(["logits"], collate([feature], tokenizer.pad_id))
-        rows.append(logits[0])
+    for start in range(0, len(features), 8):  # batches of 8: rows of a batch share its (B, M, V) output
+        (logits,) = session.run(["mask_logits"], collate(features[start : start + 8], tokenizer.pad_id))
+        rows.extend(logits)
     ours = fill_mask_postprocess(tokenizer, features, rows, top_k=5)
+    targets = ["good", "bad", "film", "movie"]
+    scored = fill_mask_postprocess(tokenizer, features, rows, top_k=5, targets=target_ids(tokenizer, targets))
     assert len(texts) >= 50
     for index, text in enumerate(texts):
-        expected = pipeline(text)
-        (got,) = ours[index]
-        assert [f["token"] for f in got] == [e["token"] for e in expected], text
-        assert np.abs(np.array([f["score"] for f in got]) - [e["score"] for e in expected]).max() <= 1e-4, text
+        for got, expected in ((ours[index], pipeline(text)), (scored[index], pipeline(text, targets=targets))):
+            assert [f["token"] for f in got[0]] == [e["token"] for e in expected], text
+            assert np.abs(np.array([f["score"] for f in got[0]]) - [e["score"] for e in expected]).max() <= 1e-4

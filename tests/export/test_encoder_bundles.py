@@ -1,6 +1,6 @@
-"""The encoder's own bundles on tiny models: embed (pooling read from a sentence-transformers layout) and
-fill-mask (from our pretraining checkpoint and from Hugging Face's BertForMaskedLM), exported and run by ONNX
-Runtime against PyTorch."""
+"""The encoder's own bundles on tiny models: embed (pooling read from a sentence-transformers layout, done in the
+graph) and fill-mask (from our pretraining checkpoint and from Hugging Face's BertForMaskedLM; the head run at the
+mask tokens only), exported and run by ONNX Runtime against PyTorch."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ import transformers
 
 from bert_model.heads import BertForMaskedLM, BertForPreTraining
 from bert_model.modeling import BertModel
+from bert_model.tasks.embeddings import pool
 from bert_model.tasks.spec import BundleManifest
 from bert_model.tokenization import BertTokenizer
 from export.bundle import build_bundle
 from export.sentence_layout import embedding_settings
-from export.wrapper import task_of_folder
+from export.wrapper import ExportWrapper, GraphOptions, task_of_folder
 from tests.export.conftest import tiny_config, write_vocab
 
 FAST = {"variants": "cpu-fp32"}
@@ -92,9 +93,43 @@ def test_embed_bundle_states_pooling_normalization_and_its_source(tmp_path: Path
     assert manifest.max_seq_length == 64  # sentence_bert_config.json's, the length the model is used with
     assert manifest.source["task_settings_source"] == "modules.json + 1_Pooling/config.json"
     assert manifest.source["guard_inputs"]["settings"]["pooling"] == "cls"
+    assert manifest.outputs == ["sentence_embedding"]
+    assert_graph_pools(result.path, folder, "cls")
     plain = build_bundle(tiny_encoder(tmp_path / "plain"), tmp_path / "plain-bundle", data_dir=tmp_path, **FAST)
     assert plain.manifest.task_settings == {"pooling": "mean", "normalize": False}
     assert plain.manifest.max_seq_length == 512
+    assert_graph_pools(plain.path, tmp_path / "plain", "mean")
+
+
+def encoder_batch(tokenizer: BertTokenizer) -> dict[str, np.ndarray]:
+    return tokenizer(["the film was good", "a very boring plot and bad acting of the movie", "it"])
+
+
+def assert_graph_pools(bundle: Path, folder: Path, pooling: str) -> None:
+    """The bundle's graph outputs the (B, H) sentence vectors that `bert_model.tasks.embeddings.pool` makes of
+    the encoder's token states (what the service computed from `last_hidden_state` before)."""
+    tokenizer = BertTokenizer.from_pretrained(bundle / "tokenizer")
+    batch = encoder_batch(tokenizer)
+    session = ort.InferenceSession(str(bundle / "cpu-fp32.onnx"), providers=["CPUExecutionProvider"])
+    (vectors,) = session.run(["sentence_embedding"], batch)
+    with torch.inference_mode():
+        states = BertModel.from_pretrained(folder)(**{k: torch.from_numpy(v) for k, v in batch.items()})
+    expected = pool(states.last_hidden_state.numpy(), batch["attention_mask"], pooling)
+    assert vectors.shape == (3, 32) and np.abs(vectors - expected).max() <= 1e-5
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_export_wrapper_pools_as_the_reference(pooling: str) -> None:
+    torch.manual_seed(0)
+    model = BertModel(tiny_config()).eval()
+    ids = torch.randint(5, 99, (3, 7))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1, 1] + [0] * 5])
+    with torch.inference_mode():
+        (pooled,) = ExportWrapper(model, "embed", GraphOptions(pooling=pooling))(ids, mask, torch.zeros_like(ids))
+        states = model(ids, mask, torch.zeros_like(ids)).last_hidden_state.numpy()
+    np.testing.assert_allclose(pooled.numpy(), pool(states, mask.numpy(), pooling), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="pooling must be one of mean, cls, max"):
+        GraphOptions(pooling="sum")
 
 
 def save_pretraining(folder: Path) -> Path:
@@ -114,20 +149,29 @@ def save_hf_masked_lm(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("save", [save_pretraining, save_hf_masked_lm], ids=["pretraining", "hf-masked-lm"])
-def test_fill_mask_bundle_logits_equal_pytorch(save, tmp_path: Path) -> None:
+def test_fill_mask_bundle_scores_the_mask_tokens_only(save, tmp_path: Path) -> None:
     folder = save(tmp_path / "model")
     assert task_of_folder(folder) == "fill-mask"
     result = build_bundle(folder, tmp_path / "bundle", variants="cpu-fp32,gpu-fp16", data_dir=tmp_path)
     manifest = BundleManifest.read(result.path)
     assert manifest.task == "fill-mask" and manifest.task_settings == {"mask_token": "[MASK]"}
+    assert manifest.outputs == ["mask_logits"]
     parity = manifest.variants["cpu-fp32"].parity
     assert parity["max_abs_diff"] <= 1e-4 and manifest.source["guard_inputs"]["count"] == 12
+    fused = manifest.variants["cpu-fp32"].fused_ops  # the encoder's fusions, and the head's GELU, survive
+    assert (fused["Attention"], fused["SkipLayerNormalization"], fused["EmbedLayerNormalization"]) == (2, 4, 1)
+    assert fused["BiasGelu"] == 3
     tokenizer = BertTokenizer.from_pretrained(result.path / "tokenizer")
-    batch = tokenizer(["the film was [MASK] good", "a [MASK] plot and very boring acting of the movie"])
+    texts = ["the film was [MASK] good", "a [MASK] plot and [MASK] boring [MASK] of the movie", "not a mask here"]
+    batch = tokenizer(texts)
     session = ort.InferenceSession(str(result.path / "cpu-fp32.onnx"), providers=["CPUExecutionProvider"])
-    (logits,) = session.run(["logits"], batch)
+    (logits,) = session.run(["mask_logits"], batch)
     with torch.inference_mode():
         expected = BertForMaskedLM.from_pretrained(folder)(**{k: torch.from_numpy(v) for k, v in batch.items()})
-    assert logits.shape == (2, batch["input_ids"].shape[1], 99)
-    real = batch["attention_mask"].astype(bool)
-    assert np.abs(logits[real] - expected.logits.numpy()[real]).max() <= 1e-4
+    assert logits.shape == (3, 3, 99)  # (B, the most masks in one row, V), not (B, S, V)
+    for row, count in ((0, 1), (1, 3)):  # each row's masks in position order, then filler rows
+        positions = np.flatnonzero(batch["input_ids"][row] == tokenizer.mask_id)
+        assert len(positions) == count
+        assert np.abs(logits[row, :count] - expected.logits.numpy()[row, positions]).max() <= 1e-4
+    (alone,) = session.run(["mask_logits"], {k: v[2:] for k, v in batch.items()})
+    assert alone.shape == (1, 1, 99)  # a batch without masks still has one (filler) row per input

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bert_model.tasks.embeddings import l2_normalize, pool
+from bert_model.tasks.embeddings import l2_normalize
 from bert_model.tokenization import BertTokenizer
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
@@ -50,16 +50,15 @@ def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
 
 
 def _reference(bundle: Path, texts: list[str], *, normalize: bool = True) -> np.ndarray:
-    """Embeddings computed here, one text per ONNX Runtime call: tokenizer -> graph -> mean pooling."""
+    """Embeddings computed here, one text per ONNX Runtime call: tokenizer -> graph (which mean-pools) -> L2."""
     import onnxruntime as ort
 
     tokenizer = BertTokenizer.from_pretrained(bundle / "tokenizer")
     session = ort.InferenceSession(str(bundle / "cpu-fp32.onnx"), providers=["CPUExecutionProvider"])
     vectors = []
     for text in texts:
-        inputs = tokenizer([text])
-        (states,) = session.run(["last_hidden_state"], inputs)
-        vectors.append(pool(states, inputs["attention_mask"], "mean")[0])
+        (pooled,) = session.run(["sentence_embedding"], tokenizer([text]))
+        vectors.append(pooled[0])
     return l2_normalize(np.stack(vectors)) if normalize else np.stack(vectors)
 
 
@@ -146,6 +145,26 @@ def test_fill_mask_shapes(http: httpx.Client) -> None:
     assert two[0][0]["sequence"].startswith("[CLS] the") and "[MASK]" in two[0][0]["sequence"]
     listed = http.post("/fill-mask", json={"inputs": ["a [MASK] b", "[MASK] c [MASK]"], "top_k": 1}).json()
     assert len(listed) == 2 and isinstance(listed[0][0], dict) and isinstance(listed[1][0], list)
+
+
+def test_fill_mask_scores_are_over_the_whole_vocabulary_in_any_batch(http: httpx.Client) -> None:
+    """Texts of one, two and three masks in one request (one batch: rows of fewer masks get filler rows) answer as
+    each alone; a target's score is its softmax over the whole vocabulary (the same as in the top-100 list)."""
+    texts = ["I feel [MASK].", "The [MASK] sat on the [MASK].", "[MASK] and [MASK] or [MASK] then."]
+    together = http.post("/fill-mask", json={"inputs": texts, "top_k": 100}).json()
+    for text, fills in zip(texts, together, strict=True):
+        alone = http.post("/fill-mask", json={"inputs": text, "top_k": 100}).json()
+        alone = alone if isinstance(alone[0], list) else [alone]  # one mask: one list of fills
+        assert len(fills) == len(alone) == text.count("[MASK]")
+        for mask, reference in zip(fills, alone, strict=True):
+            assert len(mask) == 100 and sum(fill["score"] for fill in mask) <= 1.0 + 1e-6
+            assert [f["token"] for f in mask[:20]] == [f["token"] for f in reference[:20]]
+            assert [f["sequence"] for f in mask[:20]] == [f["sequence"] for f in reference[:20]]
+            np.testing.assert_allclose([f["score"] for f in mask], [f["score"] for f in reference], rtol=1e-4)
+    top = {fill["token_str"]: fill["score"] for fill in together[0][0]}
+    chosen = [token for token in top if not token.startswith("[")][10:13]
+    scored = http.post("/fill-mask", json={"inputs": texts[0], "targets": chosen}).json()
+    assert {fill["token_str"]: fill["score"] for fill in scored} == pytest.approx({t: top[t] for t in chosen})
 
 
 def test_fill_mask_targets(http: httpx.Client) -> None:

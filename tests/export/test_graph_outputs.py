@@ -1,0 +1,116 @@
+"""Only what the answer needs leaves an encoder graph: the bytes a batch's outputs take, the mask positions a
+fill-mask graph scores, the manifests that list (or lack) the new outputs, and the Triton configuration of both."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from bert_model.heads import BertForMaskedLM
+from bert_model.modeling import BertModel
+from bert_model.tasks.spec import OUTPUT_NAMES, BundleManifest, VariantSpec, sequence_outputs
+from export.graph import export_onnx
+from export.triton import TritonOptions, model_config
+from export.wrapper import GraphOptions, mask_positions
+from tests.export.conftest import tiny_config
+
+MASK_ID = 4
+BATCH, LENGTH = 8, 128
+
+
+def feed_with_one_mask_per_row(vocab: int) -> dict[str, np.ndarray]:
+    """b8 x s128, every row full length, one mask token each (at different positions)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, vocab, size=(BATCH, LENGTH))
+    ids[np.arange(BATCH), 1 + 7 * np.arange(BATCH)] = MASK_ID
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+@pytest.mark.parametrize("task", ["embed", "fill-mask"])
+def test_only_the_answer_leaves_the_graph(task: str, tmp_path: Path) -> None:
+    """b8 x s128: an embed graph puts out B x H floats (not B x S x H token states), a fill-mask graph with one mask
+    per row B x 1 x V (not B x S x V)."""
+    torch.manual_seed(0)
+    config = tiny_config()
+    model = (BertModel if task == "embed" else BertForMaskedLM)(config).eval()
+    path = export_onnx(model, task, tmp_path / "graph.onnx", GraphOptions(mask_token_id=MASK_ID))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [output.name for output in session.get_outputs()] == list(OUTPUT_NAMES[task])
+    outputs = session.run(None, feed_with_one_mask_per_row(config.vocab_size))
+    width = config.hidden_size if task == "embed" else config.vocab_size
+    assert sum(output.nbytes for output in outputs) == BATCH * width * 4
+    assert sequence_outputs(task) == ()  # per-input rows: the batcher does not cut them to a length
+
+
+def test_mask_positions_come_in_position_order_then_filler() -> None:
+    ids = torch.tensor(
+        [
+            [2, 9, MASK_ID, 9, MASK_ID, MASK_ID, 3],  # three masks
+            [2, MASK_ID, 9, 9, 9, 9, 3],  # one
+            [2, 9, 9, 9, 9, 9, 3],  # none
+        ]
+    )
+    positions = mask_positions(ids, MASK_ID)
+    assert positions.tolist() == [[2, 4, 5], [1, 0, 2], [0, 1, 2]]  # M = the most masks in one row
+    assert mask_positions(ids[2:], MASK_ID).tolist() == [[0]]  # at least one row, even without any mask
+    assert mask_positions(torch.full((1, 5), MASK_ID), MASK_ID).tolist() == [[0, 1, 2, 3, 4]]
+
+
+def manifest_file(folder: Path, task: str, outputs: list[str] | None) -> Path:
+    folder.mkdir()
+    (folder / "g.onnx").write_bytes(b"")
+    data = json.loads(
+        BundleManifest(
+            name="m",
+            task=task,
+            max_seq_length=64,
+            labels=["a", "b"] if task == "classify" else [],
+            variants={"cpu-fp32": VariantSpec("g.onnx", "CPUExecutionProvider", "fp32")},
+            source={"model": "/models/enc"},
+        ).to_json()
+    )
+    if outputs is None:
+        del data["outputs"]
+    else:
+        data["outputs"] = outputs
+    (folder / "manifest.json").write_text(json.dumps(data))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("task", "outputs", "old"),
+    [("embed", None, "last_hidden_state"), ("fill-mask", None, "'logits'"), ("embed", ["pooled"], "pooled")],
+)
+def test_a_bundle_with_other_outputs_is_refused_with_how_to_re_export(
+    task: str, outputs: list[str] | None, old: str, tmp_path: Path
+) -> None:
+    folder = manifest_file(tmp_path / "bundle", task, outputs)
+    with pytest.raises(ValueError, match="re-export the bundle") as error:
+        BundleManifest.read(folder)
+    assert old in str(error.value) and f"bertserve export /models/enc --out {folder}" in str(error.value)
+
+
+def test_manifests_list_their_outputs_and_other_tasks_read_without(tmp_path: Path) -> None:
+    written = BundleManifest.read(manifest_file(tmp_path / "embed", "embed", ["sentence_embedding"]))
+    assert written.outputs == ["sentence_embedding"] and written.output_names == ("sentence_embedding",)
+    older = BundleManifest.read(manifest_file(tmp_path / "classify", "classify", None))  # unchanged outputs
+    assert older.outputs == ["logits"]
+
+
+@pytest.mark.parametrize(
+    ("task", "expected"), [("embed", [("sentence_embedding", [-1])]), ("fill-mask", [("mask_logits", [-1, -1])])]
+)
+def test_triton_config_declares_the_encoder_outputs(task: str, expected: list, tmp_path: Path) -> None:
+    manifest = BundleManifest(
+        name=f"tiny-{task}",
+        task=task,
+        max_seq_length=64,
+        variants={"cpu-fp32": VariantSpec("cpu-fp32.onnx", "CPUExecutionProvider", "fp32")},
+    )
+    config = model_config(manifest, TritonOptions())
+    assert [(output.name, list(output.dims)) for output in config.output] == expected
