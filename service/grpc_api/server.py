@@ -130,19 +130,20 @@ class GrpcFrontDoor:
 
 
 def _handlers(service_name: str, methods: dict[str, Callable[..., Awaitable[Any]]]) -> grpc.GenericRpcHandler:
-    """Unary handlers like the generated `add_*_to_server`'s, made strict (`_strict`)."""
+    """Unary handlers like the generated `add_*_to_server`'s, but a request that is not a valid message becomes
+    INVALID_ARGUMENT (grpc answers UNKNOWN). They stay unary: `AdmissionInterceptor` reads their message itself
+    (within the receive timeout; a call that ends without one is INVALID_ARGUMENT, where grpc's unary path would
+    wait for the deadline)."""
     descriptor = pb.DESCRIPTOR.services_by_name[service_name]
     handlers = {}
     for name, behaviour in methods.items():
         method = descriptor.methods_by_name[name]
         request_class = getattr(pb, method.input_type.name)
         response_class = getattr(pb, method.output_type.name)
-        handlers[name] = _strict(
-            grpc.unary_unary_rpc_method_handler(
-                behaviour,
-                request_deserializer=request_class.FromString,
-                response_serializer=response_class.SerializeToString,
-            )
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            _guard(behaviour, method.input_type.full_name),
+            request_deserializer=_lenient(request_class.FromString),
+            response_serializer=response_class.SerializeToString,
         )
     return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
 
@@ -185,10 +186,11 @@ def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 
 def _strict(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
-    """`handler` answering what a caller sends wrong with INVALID_ARGUMENT and a message, where grpc answers
-    UNKNOWN (bytes that do not parse: 'Unexpected DecodeError') or nothing: a unary request stream that ends
-    without a whole message waits for the deadline (forever without one), and of several messages grpc answers
-    the first. So a unary request is read as a stream and must hold exactly one message."""
+    """`handler` (health, reflection) answering what a caller sends wrong with INVALID_ARGUMENT and a message,
+    where grpc answers UNKNOWN (bytes that do not parse: 'Unexpected DecodeError') or nothing: on grpc's unary
+    path, a request stream that ends without a whole message waits for the deadline (forever without one). So a
+    unary request is read as a stream whose first message is the request (of several, the first is answered, as
+    grpc's unary path does; checking for a second one would cost a read per call)."""
     if handler is None or handler.request_deserializer is None:
         return handler
     type_name = _type_name(handler.request_deserializer)
@@ -225,10 +227,14 @@ async def _only_request(context: grpc.aio.ServicerContext, type_name: str) -> An
             context,
             InvalidInput(f"the request ended before one whole {type_name} message arrived: send exactly one"),
         )
-    request = await _checked(request, context, type_name)
-    if await context.read() is not grpc.aio.EOF:
-        await abort(context, InvalidInput(f"more than one {type_name} message arrived: this method takes one"))
-    return request
+    return await _checked(request, context, type_name)
+
+
+def _guard(behaviour: Callable[..., Awaitable[Any]], type_name: str) -> Callable[..., Awaitable[Any]]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await behaviour(await _checked(request, context, type_name), context)
+
+    return handle
 
 
 def _one_in(behaviour: Callable[..., Awaitable[Any]], type_name: str) -> Callable[..., Awaitable[Any]]:
