@@ -395,7 +395,7 @@ def _host_port(url: str) -> tuple[str, int]:
 async def _slow(run: Run, phase: Phase) -> None:
     host, port = _host_port(run.server.http_url)
     config = run.config
-    limit_s = config.slow_timeout_s + config.slow_slack_s + 3.0
+    limit_s = (config.slow_timeout_s + config.slow_slack_s) * 1.5  # a late cut is seen (and timed) too
     jobs = [
         slow_client(host, port, kind, config.slow_interval_s, limit_s)
         for kind in SLOW_KINDS

@@ -324,13 +324,15 @@ def malformed_http(limits: Limits) -> list[Malformed]:
     return [
         _m("TLS hello on the HTTP port", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64, *bad),
         _m("garbage request line", b"HELLO THERE\r\n\r\n", *bad),
-        _m("HTTP/1.1 without host", b"GET /health/live HTTP/1.1\r\n\r\n", *bad),
+        _m("HTTP/1.1 without host", b"GET /health/live HTTP/1.1\r\n\r\n", "ok", *bad),  # RFC 9112: 400; harmless
         _m("negative content-length", b"POST /classify HTTP/1.1\r\nhost: x\r\ncontent-length: -5\r\n\r\n", *bad),
         _m("content-length 10^9", b"POST /classify HTTP/1.1\r\nhost: x\r\ncontent-length: 1000000000\r\n"
            b"content-type: application/json\r\nconnection: close\r\n\r\n{}", *bad),
         _m("chunked body over the limit", b"POST /classify HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n"
            b"content-type: application/json\r\nconnection: close\r\n\r\n" + chunked, *bad),
-        _m("64 KB header", b"GET /health/live HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 65536 + b"\r\n\r\n", *bad),
+        _m("64 KB header", b"GET /health/live HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 65536 + b"\r\n\r\n", "ok", *bad),
+        _m("4 MB of headers", b"GET /health/live HTTP/1.1\r\nhost: x\r\n"
+           + b"".join(b"x-h%d: %s\r\n" % (i, b"a" * 4000) for i in range(1000)) + b"\r\n", *bad),
         _m("200 headers", f"GET /health/live HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{many}\r\n".encode(),
            "ok", *bad),
     ]  # fmt: skip

@@ -1,0 +1,203 @@
+"""The hostile profile: its options, its status classes and checks, and short runs that pass a sound server,
+flag a server that breaks bounds (memory grown per request value, 500s for bad JSON, slow clients never cut),
+and measure the real tiny-model server (RSS from /proc, both front doors)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loadtests.hostile import HostileConfig, parse_hostile
+from loadtests.hostile_checks import hostile_checks
+from loadtests.hostile_net import parse_rss_metric, status_class
+from loadtests.runner import RunOptions, execute, plan_run
+from loadtests.targets import free_port
+from tests.loadtests.test_smoke import REPO, _run_dir
+
+SHORT = (
+    "values=30,concurrency=4,idle_s=0.5,max_size_s=2,big_clients=1,flood=50,slow_clients=3,slow_timeout_s=1,"
+    "slow_slack_s=1,max_distinct_growth_mb=40"
+)
+
+
+def test_parse_hostile_takes_known_keys_and_refuses_the_rest() -> None:
+    config = parse_hostile("values=20, flood=50, slow_timeout_s=2.5, phases=flood+distinct")
+    assert (config.values, config.flood, config.slow_timeout_s) == (20, 50, 2.5)
+    assert config.phases == ("distinct", "flood")  # always in the profile's order
+    assert parse_hostile(None) == HostileConfig()
+    for text, message in (
+        ("valuez=3", "not KEY=VALUE"),
+        ("values", "not KEY=VALUE"),
+        ("values=many", "is not a int"),
+        ("flood=-1", ">= 0"),
+        ("values=0", "values must be positive"),
+        ("phases=warmup+nap", "choose from"),
+        ("flood=100000", "at most 5000 flood connections"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse_hostile(text)
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ("200", "ok"), ("OK", "ok"), ("422", "client-error"), ("INVALID_ARGUMENT", "client-error"),
+        ("UNIMPLEMENTED", "client-error"), ("429", "rejected"), ("RESOURCE_EXHAUSTED", "rejected"),
+        ("503", "unavailable"), ("UNAVAILABLE", "unavailable"), ("504", "timeout"), ("no-answer", "timeout"),
+        ("DEADLINE_EXCEEDED", "timeout"), ("500", "server-error"), ("502", "server-error"),
+        ("INTERNAL", "server-error"), ("UNKNOWN", "server-error"), ("reset", "connection"), ("closed", "connection"),
+    ],
+)  # fmt: skip
+def test_status_classes(status: str, expected: str) -> None:
+    assert status_class(status) == expected
+
+
+def test_rss_metric_is_read_from_an_exposition() -> None:
+    text = "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+    text += "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes 1.2345e+08\n"
+    assert parse_rss_metric(text) == 123450000
+    assert parse_rss_metric("requests_total 3\n") is None
+
+
+def _row(phase: str, statuses: dict[str, dict[str, int]], **details: object) -> dict:
+    return {"phase": phase, "start_s": 0.0, "end_s": 1.0, "rss_start_mb": 100.0, "rss_end_mb": 100.0,
+            "rss_peak_mb": 100.0, "statuses": statuses, **details}  # fmt: skip
+
+
+def test_checks_name_each_broken_bound() -> None:
+    config = HostileConfig(flood=3).to_dict()
+    rows = [
+        _row("distinct", {"/qa doc_stride": {"200": 5, "500": 1}}, rss_end_mb=180.0,
+             sweeps={"/qa doc_stride": {"sent": 6, "finished": True, "rss_growth_mb": 80.0}}),
+        _row("flood", {"flood /classify": {"200": 1, "429": 1, "reset": 1}}, rss_peak_mb=500.0, recovered_s=1.5),
+        _row("slow", {}, slow=[{"kind": "body", "cut_s": None, "how": "not cut", "bytes_sent": 9}], recovered_s=0.1),
+        _row("after", {"small /classify": {"200": 1}}, recovered_s=0.01, alive=False),
+    ]  # fmt: skip
+    small = {"endpoints": {"slow: small /classify": {"requests": 0}}}
+    checks = hostile_checks("t", {"config": config, "phases": rows}, small)
+    failed = [c["description"] for c in checks if not c["passed"]]
+    assert any("RSS growth +80.0 MB <= 50 MB" in d and "/qa doc_stride 80.0 MB" in d for d in failed)
+    assert any("only 200 / 4xx / 429" in d and "/qa doc_stride 500 x1" in d for d in failed)
+    assert any(d.startswith("flood: 3 connections answered only 200 / 429 / 503") for d in failed)
+    assert any("peak RSS growth +400.0 MB <= 300 MB" in d for d in failed)
+    assert any("flood: a normal answer 1.50 s after it" in d for d in failed)
+    assert any("slow (body): 0 of 1 slow clients cut" in d for d in failed)
+    assert any("server process is alive" in d for d in failed)
+    assert any("0 5xx other than the intended ones" in d and "distinct: /qa doc_stride 500 x1" in d for d in failed)
+    passed = [c["description"] for c in checks if c["passed"]]
+    assert any("the profile: a normal answer 0.01 s" in d for d in passed)
+
+
+def test_hostile_options_are_checked_before_any_load(tmp_path: Path) -> None:
+    for overrides, message in (
+        ({"users": 4}, "--users: not for the hostile profile"),
+        ({"workers": 2}, "--workers: not for the hostile profile"),
+        ({"grpc_host": "127.0.0.1:50051"}, "needs the REST front door"),
+        ({"mix": "/qa"}, "include /classify"),
+        ({"hostile": "values=x"}, "is not a int"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            plan_run(RunOptions(profile="hostile", results_dir=tmp_path / "r", **overrides))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sizes the hostile profile only"):
+        plan_run(RunOptions(profile="smoke", hostile="values=3", results_dir=tmp_path / "r"))
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.fixture
+def fake_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The fake server, with the fault flags the test parametrizes it with (none: sound); its URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "tests.loadtests.hostile_fake_server", "--port", str(port)]
+    process = subprocess.Popen([*command, *getattr(request, "param", ())], cwd=REPO, stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.integration
+def test_a_sound_server_passes_every_bound(fake_server: str, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    command = [sys.executable, "-m", "bertserve", "loadtest", "--profile", "hostile", "--host", fake_server,
+               "--hostile", SHORT, "--results-dir", str(results)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = _run_dir(results, done)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    target = summary["targets"]["external"]
+    assert [row["phase"] for row in target["hostile"]["phases"]] == [
+        "warmup", "distinct", "max-size", "flood", "slow", "malformed", "after"
+    ]  # fmt: skip
+    assert target["hostile"]["rss_source"].startswith("process_resident_memory_bytes of")
+    assert all(c["passed"] for c in summary["checks"]), summary["checks"]
+    skipped = [c["description"] for c in summary["checks"] if c.get("skipped")]
+    assert skipped == ["after: the server process is alive (not measured: an external server)"]
+    assert len(summary["checks"]) >= 20
+    sweeps = target["hostile"]["phases"][1]["sweeps"]
+    assert {name: sweep["sent"] for name, sweep in sweeps.items()} == dict.fromkeys(
+        ["/classify top_k", "/classify model", "/classify x-request-timeout-ms"], 30
+    )
+    assert target["summary"]["endpoints"]["max-size: small /classify"]["ok"] >= 30
+    for name in ("report.md", "latency.png", "rss.png", "external_samples.csv", "external_rss.json"):
+        assert (run_dir / name).stat().st_size > 0, name
+    assert "| slow clients |" in (run_dir / "report.md").read_text()
+    history = [json.loads(line) for line in (results / "history.jsonl").read_text().splitlines()]
+    assert [r["profile"] for r in history] == ["hostile"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "fake_server", [("--leak-mb-per-top-k", "3", "--error-on-bad-json", "--no-cut")], indirect=True
+)
+def test_broken_bounds_exit_4(fake_server: str, tmp_path: Path) -> None:
+    options = RunOptions(profile="hostile", host=fake_server, hostile=SHORT, results_dir=tmp_path / "results")
+    with open(tmp_path / "progress.txt", "w") as out:
+        result = execute(plan_run(options), options, out)
+    assert result.exit_code == 4
+    failed = [c["description"] for c in result.summary["checks"] if not c["passed"]]
+    assert len(failed) == 6, failed
+    assert failed[0].startswith("distinct: RSS growth +") and "most: /classify top_k" in failed[0]  # 30 x 3 MB
+    assert [d.split(":")[0] for d in failed[1:4]] == ["slow (headers)", "slow (body)", "slow (idle)"]
+    assert all("0 of 3 slow clients cut within 2 s" in d and "ends: not cut" in d for d in failed[1:4])
+    assert failed[4].startswith("malformed:") and "body not JSON -> 500" in failed[4]
+    assert failed[5].startswith("0 5xx other than the intended ones") and "malformed: body not JSON 500" in failed[5]
+    passed = [c["description"] for c in result.summary["checks"] if c["passed"]]
+    assert any(d.startswith("flood: 50 connections answered only 200 / 429 / 503") for d in passed)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_the_tiny_server_through_both_front_doors(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    _, bundle = tiny
+    results = tmp_path / "results"
+    # the fakes show the slow-client bounds; smaller "maximum" bodies keep the run short on the tiny model
+    short = SHORT + ",values=10,flood=40,max_body_bytes=300000,phases=warmup+distinct+max-size+flood+malformed"
+    command = [sys.executable, "-m", "bertserve", "loadtest", "--profile", "hostile", "--mix", "/classify",
+               "--models", f"classify={bundle}", "--hostile", short, "--results-dir", str(results)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert done.returncode in (0, 4), done.stdout + done.stderr  # 4: a bound the code of the day breaks
+    summary = json.loads((_run_dir(results, done) / "summary.json").read_text())
+    hostile = summary["targets"]["ours-batching"]["hostile"]
+    assert hostile["rss_source"].startswith("/proc/") and hostile["rss_start_mb"] > 50
+    rows = {row["phase"]: row for row in hostile["phases"]}
+    assert set(rows["distinct"]["sweeps"]) == {
+        "/classify top_k",
+        "/classify model",
+        "/classify x-request-timeout-ms",
+        "Classify top_k",
+        "Classify model",
+        "Classify deadline+metadata",
+    }
+    assert rows["distinct"]["statuses"]["Classify model"] == {"INVALID_ARGUMENT": 10} or rows["distinct"]["statuses"]
+    grpc_cases = [case for case in rows["malformed"]["cases"] if "Request" in case["case"] or "method" in case["case"]]
+    assert grpc_cases and all(case["status"].isupper() for case in grpc_cases)
+    assert sum(rows["flood"]["statuses"]["flood /classify"].values()) == 40
+    checks = {c["description"]: c["passed"] for c in summary["checks"]}
+    assert checks["after: the server process is alive (no crash)"], summary["checks"]
