@@ -527,6 +527,8 @@ class Batcher:
             outputs = await run(arrays)
             self._check_outputs(outputs, arrays)
         except ServiceError as error:
+            if isinstance(error, BackendError):  # with the runtime's own exception it was raised from
+                log.error("backend failed on a batch of %d for model %s", len(batch), self.model, exc_info=error)
             return error
         except Exception as error:  # a backend bug must fail its batch, never the server
             log.exception("backend failed on a batch of %d for model %s", len(batch), self.model)
