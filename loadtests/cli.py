@@ -97,8 +97,9 @@ def loadtest(
         str | None,
         typer.Option(
             help="--profile hostile: sizes and bounds as KEY=VALUE,..., e.g. 'values=100,flood=200,"
-            "slow_timeout_s=5,phases=distinct+flood' (keys: the fields of loadtests.hostile.HostileConfig; "
-            "max_inputs, max_text_chars, max_body_bytes must match the server's limits)."
+            "header_timeout_s=5,phases=distinct+flood' (keys: the fields of loadtests.hostile.HostileConfig; "
+            "max_inputs, max_text_chars, max_body_bytes, header_timeout_s, body_timeout_s must be the server's "
+            "settings)."
         ),
     ] = None,
 ) -> None:

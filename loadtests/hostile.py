@@ -13,9 +13,10 @@ Phases, in order (`--hostile phases=...` picks some):
 - `flood`: `flood` connections opened at once, then each sends a 64-sentence /classify; bounds: only 200 / 429 /
   503, peak RSS growth <= `max_flood_growth_mb`, a normal answer within `recovery_s` after the last reply;
 - `slow`: `slow_clients` connections of each kind (headers dribbled a byte a second, a body dribbled a byte a
-  second, idle), beside small /classify; bounds: every one cut within `slow_timeout_s` + `slow_slack_s` (the
-  server's configured slow-client timeout, which the wire does not tell), small requests unaffected (the
-  max-size bounds: slow clients cost no worker), a normal answer within `recovery_s` after;
+  second, idle), beside small /classify; bounds: every one cut within its timeout + `slow_slack_s`
+  (`header_timeout_s` for headers and idle ones, `body_timeout_s` for bodies: the server's settings of those
+  names, which the wire does not tell), small requests unaffected (the max-size bounds: slow clients cost no
+  worker), a normal answer within `recovery_s` after;
 - `malformed`: bad JSON, wrong types, truncated / garbage protobuf, unknown methods, broken HTTP, one at a time:
   each answered with a 4xx / client-error status (a few also 200), never a 5xx, a hang or a reset;
 and at the end: the server process alive (no crash), 0 5xx other than the intended ones (503 under the flood or
@@ -96,12 +97,15 @@ class HostileConfig:
     """Closed-loop clients sending maximum-size requests."""
     flood: int = 500
     """Connections of the flood, opened at once."""
-    slow_clients: int = 50
-    """Slow connections of each kind: headers, body, idle."""
+    slow_clients: int = 100
+    """Slow connections of each kind: headers, body, idle (more than the server admits at once: a slow body must
+    not hold an admission slot for long)."""
     slow_interval_s: float = 1.0
     """Seconds between two bytes of a slow client."""
-    slow_timeout_s: float = 10.0
-    """The server's configured slow-client timeout (reading headers or a body): slow clients must be cut by then."""
+    header_timeout_s: float = 10.0
+    """The server's header_timeout_s: a client dribbling its headers, or idle, must be cut by then."""
+    body_timeout_s: float = 20.0
+    """The server's body_timeout_s: a client dribbling its body (headers sent at once) must be cut by then."""
     slow_slack_s: float = 2.0
     client_timeout_s: float = 60.0
     """Network timeout of every call (a call without an answer by then counts as a hang)."""
@@ -385,6 +389,11 @@ async def _flood(run: Run, phase: Phase) -> None:
     phase.details["recovered_s"] = await _recovery(run, phase.name + " recovery")
 
 
+def slow_timeout(config: HostileConfig, kind: str) -> float:
+    """The server timeout that must cut a slow client of `kind`."""
+    return config.body_timeout_s if kind == "body" else config.header_timeout_s
+
+
 def _host_port(url: str) -> tuple[str, int]:
     from urllib.parse import urlsplit
 
@@ -395,12 +404,11 @@ def _host_port(url: str) -> tuple[str, int]:
 async def _slow(run: Run, phase: Phase) -> None:
     host, port = _host_port(run.server.http_url)
     config = run.config
-    limit_s = (config.slow_timeout_s + config.slow_slack_s) * 1.5  # a late cut is seen (and timed) too
     jobs = [
-        slow_client(host, port, kind, config.slow_interval_s, limit_s)
+        slow_client(host, port, kind, config.slow_interval_s, (slow_timeout(config, kind) + config.slow_slack_s) * 1.5)
         for kind in SLOW_KINDS
         for _ in range(config.slow_clients)
-    ]
+    ]  # each watched to 1.5 times its bound: a late cut is seen (and timed) too
     async with _beside_small_load(run, phase.name):
         results: list[SlowResult] = await asyncio.gather(*jobs)
     phase.details["slow"] = [dataclasses.asdict(result) for result in results]

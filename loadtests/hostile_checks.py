@@ -140,18 +140,19 @@ def _flood(checks: Checks, row: dict[str, Any], config: dict[str, Any]) -> None:
 
 def _slow(checks: Checks, row: dict[str, Any], small: dict[str, Any], config: dict[str, Any]) -> None:
     results = row.get("slow", [])
-    limit = config["slow_timeout_s"] + config["slow_slack_s"]
     kinds: dict[str, list[dict[str, Any]]] = {}
     for result in results:
         kinds.setdefault(result["kind"], []).append(result)
     for kind, items in kinds.items():
+        timeout = config["body_timeout_s" if kind == "body" else "header_timeout_s"]
+        limit = timeout + config["slow_slack_s"]
         cut = [r for r in items if r["cut_s"] is not None and r["cut_s"] <= limit]
         times = [r["cut_s"] for r in items if r["cut_s"] is not None]
         longest = f", the longest after {max(times):.1f} s" if times else ""
         hows = sorted({r["how"] for r in items})
         checks.add(
             f"slow ({kind}): {len(cut)} of {len(items)} slow clients cut within {limit:g} s (configured "
-            f"{config['slow_timeout_s']:g} s + {config['slow_slack_s']:g} s){longest}; ends: {', '.join(hows)}",
+            f"{timeout:g} s + {config['slow_slack_s']:g} s){longest}; ends: {', '.join(hows)}",
             len(cut) == len(items),
         )
     _small_checks(checks, "slow", small, config, "beside the slow clients (they cost no worker)")

@@ -20,14 +20,14 @@ from loadtests.targets import free_port
 from tests.loadtests.test_smoke import REPO, _run_dir
 
 SHORT = (
-    "values=30,concurrency=4,idle_s=0.5,max_size_s=2,big_clients=1,flood=50,slow_clients=3,slow_timeout_s=1,"
-    "slow_slack_s=1,max_distinct_growth_mb=40"
+    "values=30,concurrency=4,idle_s=0.5,max_size_s=2,big_clients=1,flood=50,slow_clients=3,header_timeout_s=1,"
+    "body_timeout_s=1,slow_slack_s=1,max_distinct_growth_mb=40"
 )
 
 
 def test_parse_hostile_takes_known_keys_and_refuses_the_rest() -> None:
-    config = parse_hostile("values=20, flood=50, slow_timeout_s=2.5, phases=flood+distinct")
-    assert (config.values, config.flood, config.slow_timeout_s) == (20, 50, 2.5)
+    config = parse_hostile("values=20, flood=50, body_timeout_s=2.5, phases=flood+distinct")
+    assert (config.values, config.flood, config.body_timeout_s) == (20, 50, 2.5)
     assert config.phases == ("distinct", "flood")  # always in the profile's order
     assert parse_hostile(None) == HostileConfig()
     for text, message in (
