@@ -39,6 +39,8 @@ SERVICE_NAMES = tuple(
     for name in ("Classifier", "QA", "NER", "Embedder", "FillMask", "Models")
 )
 PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+METADATA_LIMIT_BYTES = 16 * 1024
+"""Largest request metadata (headers, HPACK-decoded sizes); more ends the call with RESOURCE_EXHAUSTED."""
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
@@ -82,6 +84,10 @@ class GrpcFrontDoor:
         options = [
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            # one metadata limit: between grpc's soft (8 KiB) and hard (16 KiB) defaults the same call is refused
+            # at random (RESOURCE_EXHAUSTED for a growing share of calls); with both equal it is always the same answer
+            ("grpc.max_metadata_size", METADATA_LIMIT_BYTES),
+            ("grpc.absolute_max_metadata_size", METADATA_LIMIT_BYTES),
             ("grpc.so_reuseport", 0),
             ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_s * 1000)),
             ("grpc.max_connection_age_grace_ms", int(settings.grpc_max_connection_age_grace_s * 1000)),
