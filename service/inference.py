@@ -1,9 +1,12 @@
 """`InferenceService`: the one engine both front doors call (REST and gRPC never talk to backends directly).
 
 Per loaded model: a bundle (manifest + tokenizer), a task pipeline (`service.pipelines`), a backend (ONNX
-Runtime or Triton) and a batcher. A call validates the request (limits, options), builds features off the
-event loop, submits them to the model's batcher with a deadline, and post-processes the output rows. It
-returns the results and where the time went (`Timings`, sent back as headers / trailing metadata).
+Runtime or Triton) and a batcher. A call validates the request (limits, options), counts the model rows it
+needs and judges them against the model's queue (`service.admission`), builds the features, submits them to
+the model's batcher with a deadline, and post-processes the output rows; large requests are tokenized and
+post-processed on a bounded pool of threads off the event loop. It returns the results and where the time
+went (`Timings`, sent back as headers / trailing metadata). The door that bounds the requests in progress of
+both front doors (`self.door`) lives here too, so that REST and gRPC share it.
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from service.admission import BoundedExecutor, Door, QueueReservations
 from service.backend import Backend
 from service.batcher import BatchConfig, Batcher
 from service.bundles import ServingBundle, find_bundles, open_bundle
-from service.errors import BackendUnavailable, InvalidInput, NotReady, ServiceError, UnknownModel
+from service.errors import BackendUnavailable, InvalidInput, NotReady, Overloaded, ServiceError, UnknownModel
 from service.metrics import ServiceMetrics
 from service.pipelines import (
     AGGREGATION_STRATEGIES,
     ClassifyInput,
     EmbedInput,
+    Feature,
     FillMaskInput,
     NERInput,
     Pipeline,
@@ -135,6 +140,10 @@ class InferenceService:
         self.state = ServiceState()
         self.failure_hooks: list[Callable[[str], None]] = []
         """Called on the event loop, once, when the server fails for good (`fail`), with the reason."""
+        self.door = Door(settings.max_in_progress, self.metrics)
+        """Requests in progress over both front doors (entered by the REST middleware and the gRPC interceptor)."""
+        self.executor = BoundedExecutor(settings.tokenize_threads, settings.tokenize_queue)
+        self.reservations = QueueReservations(self.metrics)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -314,6 +323,7 @@ class InferenceService:
                 await model.backend.close()
             except Exception:  # one backend that fails to close must not keep the others open
                 log.exception("closing the backend of model %s failed", model.name)
+        self.executor.close()
         await asyncio.to_thread(self.tracer.shutdown)
 
     # ---- lookup -----------------------------------------------------------------------------------
@@ -418,18 +428,19 @@ class InferenceService:
         timings = Timings()
         start = time.perf_counter()
         # every input becomes at least one sequence: shed load before spending CPU on tokenization
-        model.batcher.admit(model.pipeline.count(request))
+        self.reservations.check(model.batcher, model.pipeline.count(request))
         size = _characters(request)
         with self.tracer.span(f"bertserve.{route}", model=model.name):
             with self.tracer.span("tokenize"):
-                features = await _off_loop_if_large(model.pipeline.features, request, size)
+                features = await self._features(model, request, size)
             tokenized = time.perf_counter()
             result = await model.batcher.submit(features, deadline)
             batched = time.perf_counter()
             self.tracer.record("queue", tokenized, tokenized + result.queue_s, model=model.name)
             self.tracer.record("infer", batched - result.inference_s, batched, model=model.name, batches=result.batches)
             with self.tracer.span("postprocess"):
-                results = await _off_loop_if_large(model.pipeline.postprocess, request, size, features, result.outputs)
+                postprocess, outputs = model.pipeline.postprocess, result.outputs
+                results = await self._off_loop(model, size, postprocess, request, features, outputs, bounded=False)
         end = time.perf_counter()
         timings.tokenize_ms = (tokenized - start) * 1000
         timings.queue_ms = result.queue_s * 1000
@@ -438,6 +449,27 @@ class InferenceService:
         timings.total_ms = (end - start) * 1000
         timings.batches = result.batches
         return Outcome(model=model.name, results=results, timings=timings)
+
+    async def _features(self, model: LoadedModel, request: TaskInput, size: int) -> list[Feature]:
+        """Count the request's model rows (QA, NER: each input tokenized once, its windows counted), judge them
+        against the model's queue and hold their place there, then build them. The place is given back just
+        before the caller queues the features, with no await in between."""
+        plan = await self._off_loop(model, size, model.pipeline.plan, request)
+        with self.reservations.reserve(model.batcher, plan.sequences):
+            return await self._off_loop(model, size, model.pipeline.build, plan)
+
+    async def _off_loop(
+        self, model: LoadedModel, size: int, function: Callable[..., T], *args: Any, bounded: bool = True
+    ) -> T:
+        """`function(*args)` on the event loop for a small request (a thread hand-off costs more than the work),
+        else on the bounded executor; a full executor refuses the request (Overloaded)."""
+        if size < INLINE_CHARACTERS:
+            return function(*args)
+        try:
+            return await self.executor.run(function, *args, bounded=bounded)
+        except Overloaded:
+            self.metrics.rejected(model.name, "tokenizer_busy")
+            raise
 
 
 FILL_MASK_MAX_TOP_K = 100
@@ -454,12 +486,6 @@ def _characters(request: TaskInput) -> int:
     if isinstance(request, QAInput):
         return sum(map(len, request.questions)) + sum(map(len, request.contexts))
     return sum(map(len, request.texts))
-
-
-async def _off_loop_if_large(function: Callable[..., T], request: TaskInput, size: int, *args: Any) -> T:
-    if size < INLINE_CHARACTERS:
-        return function(request, *args)
-    return await asyncio.to_thread(function, request, *args)
 
 
 __all__ = ["RESPONSE_HEADERS", "InferenceService", "LoadedModel", "Outcome", "ServiceError", "Timings"]

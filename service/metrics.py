@@ -74,6 +74,24 @@ class ServiceMetrics:
             registry=r,
         )
         self.ready = Gauge("bertserve_ready", "1 once every model is loaded and warmed up.", registry=r)
+        self.door_rejections = Counter(
+            "bertserve_door_rejected",
+            "Requests refused on arrival because max_in_progress requests were in progress, by front door.",
+            ["transport"],
+            registry=r,
+        )
+        self.in_progress = Gauge(
+            "bertserve_in_progress",
+            "Requests in progress, both front doors together (what the door bounds).",
+            registry=r,
+        )
+        self.slow_clients = Counter(
+            "bertserve_slow_clients_cut",
+            "Connections or requests cut for not sending their headers (or the body / gRPC message) within the "
+            "configured timeout, or for too large headers, by front door and phase (headers, body, header_size).",
+            ["transport", "phase"],
+            registry=r,
+        )
 
     # ---- BatchObserver ----------------------------------------------------------------------------
     def batch_done(

@@ -32,6 +32,7 @@ from types import FrameType
 import uvicorn
 
 from service.http_api.app import create_app
+from service.http_api.connections import guarded_protocol
 from service.logs import configure_logging
 from service.settings import ServiceSettings
 
@@ -146,6 +147,15 @@ def serve(settings: ServiceSettings) -> None:
         # a server that closes an idle connection first races the client's next request on it (a reset)
         timeout_keep_alive=int(settings.keep_alive_s),
         lifespan="on",
+        # slow or bloated request heads are cut (uvicorn times no head); the door bounds requests in progress,
+        # this bounds open connections
+        http=guarded_protocol(
+            settings.header_timeout_s,
+            settings.max_header_bytes,
+            settings.body_timeout_s,
+            on_cut=lambda phase: service.metrics.slow_clients.labels("http", phase).inc(),
+        ),
+        limit_concurrency=settings.max_connections,
     )
     # handle_exit never hands the signal to uvicorn, which would re-raise it after shutdown (exit status -15):
     # a drained server exits 0.

@@ -170,6 +170,50 @@ class ServiceSettings(BaseSettings):
         "balancers' own idle timeouts (httpx 5 s, most balancers 60 s), so that the client side closes first.",
     )
 
+    # ---- admission and slow clients -----------------------------------------------------------
+    max_in_progress: int = Field(
+        default=64,
+        ge=1,
+        description="Requests in progress in this process, REST and gRPC together, counted from their arrival (before "
+        "their body is read or tokenized); beyond it requests get 429 / RESOURCE_EXHAUSTED at once. Health, metrics "
+        "and the playground page are not counted. Twice the closed-loop users that saturate 2 cores.",
+    )
+    tokenize_threads: int = Field(
+        default=2,
+        ge=1,
+        description="Worker threads that tokenize and post-process large requests off the event loop (small ones run "
+        "on the loop); the Rust tokenizer parallelizes each batch itself.",
+    )
+    tokenize_queue: int = Field(
+        default=16,
+        ge=0,
+        description="Large requests waiting for a tokenization thread; beyond it requests get 429 / RESOURCE_EXHAUSTED "
+        "at once.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds an HTTP client has to send a request's headers, from its connection or the request's "
+        "first byte; then the connection is closed (slow clients hold no worker, and not for long).",
+    )
+    body_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        description="Seconds a client has to send a whole request once its headers arrived (the REST body, the gRPC "
+        "message); then 408 and the connection closed (gRPC: CANCELLED).",
+    )
+    max_header_bytes: int = Field(
+        default=32768,
+        ge=1024,
+        description="Largest HTTP request head (request line and headers); beyond it 431 and the connection closed.",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Open HTTP connections (or requests running) beyond which new requests get 503 from uvicorn; a "
+        "backstop above max_in_progress, for clients that open connections and hold them.",
+    )
+
     # ---- gRPC connection age: long-lived channels reconnect and reach new replicas ---------------
     grpc_max_connection_age_s: float = Field(
         default=120.0,

@@ -3,12 +3,16 @@
 Health reports NOT_SERVING until models are loaded and warmed up, again from the start of shutdown, and from the
 moment the server fails for good (the lifespan's failure hook; the process then drains and exits 1).
 Health and reflection stay public when an API key is set. Message size is capped like the HTTP body.
+Every other RPC is counted in the service's door (shared with REST) from its arrival, before its message is read:
+beyond the door's limit it ends at once with RESOURCE_EXHAUSTED, and one whose message does not arrive within
+`body_timeout_s` ends with CANCELLED (`AdmissionInterceptor`).
 References: https://github.com/grpc/grpc/blob/master/doc/health-checking.md ,
 https://grpc.github.io/grpc/python/grpc_asyncio.html
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
+from service.admission import Door
 from service.errors import InvalidInput, Unauthenticated
 from service.grpc_api.servicers import (
     ClassifierServicer,
@@ -70,6 +75,62 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         return self._deny
 
 
+class AdmissionInterceptor(grpc.aio.ServerInterceptor):
+    """Counts each RPC but health and reflection in `door` from its arrival to its end (the end of grpc.aio's task
+    for the RPC, whatever ends it); RESOURCE_EXHAUSTED at once when the door is full. A unary RPC is served by a
+    handler that reads its message itself, so that one whose message does not arrive within `receive_timeout_s`
+    ends with CANCELLED and a message (a cancelled task alone would leave the caller waiting)."""
+
+    def __init__(self, door: Door, receive_timeout_s: float, on_timeout: Callable[[], None] | None = None) -> None:
+        self._door = door
+        self._receive_timeout_s = receive_timeout_s
+        self._on_timeout = on_timeout
+
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await abort(context, door.refusal())
+
+        self._refuse = grpc.unary_unary_rpc_method_handler(refuse)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        task = asyncio.current_task()
+        if (handler_call_details.method or "").startswith(PUBLIC_PREFIXES) or task is None:
+            return await continuation(handler_call_details)
+        if not self._door.enter("grpc"):
+            return self._refuse
+        task.add_done_callback(lambda _: self._door.leave())
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler
+        return self._timed(handler)
+
+    def _timed(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        behaviour, timeout_s, on_timeout = handler.unary_unary, self._receive_timeout_s, self._on_timeout
+
+        async def receive_then_run(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    request = await anext(aiter(requests), None)
+            except TimeoutError:
+                if on_timeout is not None:
+                    on_timeout()
+                await context.abort(
+                    grpc.StatusCode.CANCELLED, f"the request message did not arrive within {timeout_s:g} s"
+                )
+            if request is None:
+                await abort(context, InvalidInput("the call ended without a request message"))
+            return await behaviour(request, context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            receive_then_run,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
 class GrpcFrontDoor:
     """A started gRPC server over the shared service."""
 
@@ -80,7 +141,14 @@ class GrpcFrontDoor:
 
     @classmethod
     async def start(cls, service: InferenceService, settings: ServiceSettings) -> GrpcFrontDoor:
-        interceptors = [ApiKeyInterceptor(settings.api_key.get_secret_value())] if settings.api_key else []
+        admission = AdmissionInterceptor(
+            service.door,
+            settings.body_timeout_s,
+            on_timeout=lambda: service.metrics.slow_clients.labels("grpc", "body").inc(),
+        )
+        interceptors: list[grpc.aio.ServerInterceptor] = [admission]  # first: counted from arrival
+        if settings.api_key:
+            interceptors.append(ApiKeyInterceptor(settings.api_key.get_secret_value()))
         options = [
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -91,6 +159,8 @@ class GrpcFrontDoor:
             ("grpc.so_reuseport", 0),
             ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_s * 1000)),
             ("grpc.max_connection_age_grace_ms", int(settings.grpc_max_connection_age_grace_s * 1000)),
+            # a connection must finish its HTTP/2 handshake as fast as an HTTP client its request head
+            ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)
         server.add_generic_rpc_handlers(

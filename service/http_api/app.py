@@ -29,7 +29,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.errors import Internal, InvalidInput, InvalidJson, ServiceError, Unauthenticated
 from service.http_api.drain import DrainMiddleware
 from service.http_api.encoder_routes import add_encoder_routes
-from service.http_api.middleware import SERVER_HEADERS, BodyLimitMiddleware, MetricsMiddleware, error_response
+from service.http_api.middleware import (
+    SERVER_HEADERS,
+    AdmissionMiddleware,
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    error_response,
+)
 from service.http_api.openapi import describe_server
 from service.http_api.playground import add_playground_routes
 from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
@@ -61,7 +67,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "Missing or wrong API key (when the server requires one)."),
         (413, "The body is larger than the server's limit."),
         (422, "Invalid input: the message says which field and what to change."),
-        (429, "The model's queue is full: retry later."),
+        (408, "The body did not arrive within the server's body timeout (the connection is closed)."),
+        (429, "The server is at capacity (requests in progress, tokenization, or the model's queue): retry later."),
         (503, "Models are still loading, or the server is shutting down."),
         (504, "The request's deadline passed."),
     )
@@ -100,7 +107,11 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type"],
             expose_headers=[*RESPONSE_HEADERS, *SERVER_HEADERS],
         )
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s, metrics=metrics
+    )
+    # counted from arrival: outside the body's reading, so a full server reads no body it will refuse
+    app.add_middleware(AdmissionMiddleware, door=app.state.service.door)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(DrainMiddleware, state=app.state.service.state)
     _add_routes(app)

@@ -1,11 +1,20 @@
-"""Pure ASGI middleware: request body size limit, request metrics + access log; the HTTP error response.
+"""Pure ASGI middleware: the door (requests in progress), the request body's size and time limits, request
+metrics + access log; the HTTP error response.
 
-Pure ASGI (not BaseHTTPMiddleware) so streaming bodies are counted as they arrive and nothing is buffered.
+- `AdmissionMiddleware` counts a request in the service's door (`service.admission.Door`, shared with gRPC) as
+  soon as its headers arrived, before its body is read; beyond the door's limit it answers 429 at once.
+  Health, metrics and the playground page are not counted, so a full server still answers them.
+- `BodyLimitMiddleware` reads the whole body before the app sees it, within `max_bytes` (413) and `timeout_s`
+  from the end of the headers (408 and the connection closed): a client that sends its body slowly holds no
+  worker, only a waiting coroutine, and not for longer than the timeout.
+
+Pure ASGI (not BaseHTTPMiddleware) so bodies are counted and timed as they arrive.
 Reference: https://www.starlette.io/middleware/#pure-asgi-middleware
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -14,6 +23,7 @@ import time
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.admission import Door
 from service.errors import PayloadTooLarge, ServiceError, http_status
 from service.metrics import ServiceMetrics
 
@@ -23,6 +33,10 @@ REQUEST_ID_HEADER = "x-request-id"
 SERVER_TIME_HEADER = "x-server-time-ms"
 SERVER_HEADERS = (REQUEST_ID_HEADER, SERVER_TIME_HEADER)
 """Headers this middleware adds to every HTTP response."""
+
+UNCOUNTED_PATHS = frozenset({"/health/live", "/health/ready", "/metrics", "/", "/playground"})
+UNCOUNTED_PREFIXES = ("/playground/",)
+"""Requests the door does not count: probes, metrics and the playground page must answer on a full server."""
 
 
 _ID_PREFIX = os.urandom(8).hex()
@@ -45,12 +59,39 @@ def error_response(error: ServiceError) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-class BodyLimitMiddleware:
-    """Reject bodies over `max_bytes` with 413: by Content-Length at once, or while a chunked body streams in."""
+class AdmissionMiddleware:
+    """Count each request in `door` from its arrival to its response's end; 429 at once when the door is full."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, door: Door) -> None:
+        self.app = app
+        self.door = door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _uncounted(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+        if not self.door.enter("http"):
+            await error_response(self.door.refusal())(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.door.leave()
+
+
+def _uncounted(path: str) -> bool:
+    return path in UNCOUNTED_PATHS or path.startswith(UNCOUNTED_PREFIXES)
+
+
+class BodyLimitMiddleware:
+    """Read the whole body (up to `max_bytes`, 413 beyond; within `timeout_s`, 408 after) before the app runs,
+    then hand it to the app in one piece."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 20.0, metrics: ServiceMetrics | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -60,23 +101,24 @@ class BodyLimitMiddleware:
         if declared is not None and declared > self.max_bytes:
             await self._reject(scope, receive, send, declared)
             return
-        if declared is not None:
-            await self.app(scope, receive, send)  # the server enforces Content-Length itself
-            return
-        # streamed (chunked) body: buffer it up to the limit, then replay it to the app
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # client went away
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                await self._reject(scope, receive, send, size)
-                return
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # client went away
+                    chunks.append(message.get("body", b""))
+                    size += len(chunks[-1])
+                    if size > self.max_bytes:
+                        await self._reject(scope, receive, send, size)
+                        return
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await self._timed_out(scope, receive, send, size)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -84,7 +126,7 @@ class BodyLimitMiddleware:
             if replayed:
                 return await receive()
             replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return {"type": "http.request", "body": chunks[0] if len(chunks) == 1 else b"".join(chunks)}
 
         await self.app(scope, replay, send)
 
@@ -93,6 +135,18 @@ class BodyLimitMiddleware:
             f"the request body has more than {self.max_bytes} bytes ({size}); send fewer or shorter inputs"
         )
         await error_response(error)(scope, receive, send)
+
+    async def _timed_out(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
+        if self.metrics is not None:
+            self.metrics.slow_clients.labels("http", "body").inc()
+        body = {
+            "error": {
+                "code": "request_timeout",
+                "message": f"the request body did not arrive within {self.timeout_s:g} s ({size} bytes came); "
+                "send it at once",
+            }
+        }
+        await JSONResponse(body, status_code=408, headers={"connection": "close"})(scope, receive, send)
 
 
 def _header(scope: Scope, wanted: bytes) -> str | None:

@@ -1,0 +1,149 @@
+"""HTTP/1.1 connections that slow or bloated request heads cannot hold: uvicorn's protocol with time and size
+limits on what arrives before a request reaches the app.
+
+uvicorn bounds none of this itself: its keep-alive timeout runs only between requests and any byte cancels it,
+nothing times a request head (a client may send its headers a byte a second for ever), and its httptools parser
+collects headers without a size limit (h11's `h11_max_incomplete_event_size` is not used with httptools).
+`guarded_protocol` returns uvicorn's httptools protocol extended with:
+
+- a head deadline: a new connection, and a kept-alive one from the first byte of its next request, must deliver
+  the request line and headers within `header_timeout_s`; else 408 and the connection closed;
+- a head size limit: more than `max_header_bytes` received without the head complete: 431 and closed;
+- a body deadline for a request answered before its body was read (413, 429): the rest of the body must arrive
+  within `body_timeout_s` of the answer (the app's own body timeout covers bodies it reads), else closed.
+
+A connection in any of these phases costs a socket and this object, no task and no thread. `on_cut(phase)` is
+told of every cut (headers, header_size, body) for the metrics.
+References: https://www.uvicorn.org/settings/#timeouts , RFC 9110 sections 15.5.9 (408) and RFC 6585 section 5
+(431).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+CUT_RESPONSES = {
+    "headers": (408, "Request Timeout", "request_timeout", "the request headers did not arrive within {timeout}"),
+    "header_size": (431, "Request Header Fields Too Large", "headers_too_large", "the request head is over {limit}"),
+}
+"""phase -> (status, reason, error code, message) of the answer written before a cut connection is closed."""
+
+
+def guarded_protocol(
+    header_timeout_s: float,
+    max_header_bytes: int,
+    body_timeout_s: float,
+    on_cut: Callable[[str], None] | None = None,
+) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol (httptools) with the limits above; pass it as `uvicorn.Config(http=...)`."""
+    if header_timeout_s <= 0 or body_timeout_s <= 0 or max_header_bytes < 1:
+        raise ValueError(
+            f"need positive timeouts and header size, got header_timeout_s={header_timeout_s}, "
+            f"body_timeout_s={body_timeout_s}, max_header_bytes={max_header_bytes}"
+        )
+
+    class GuardedHttpProtocol(_Guarded):
+        limits = _Limits(header_timeout_s, max_header_bytes, body_timeout_s, on_cut)
+
+    return GuardedHttpProtocol
+
+
+@dataclass(frozen=True)
+class _Limits:
+    header_timeout_s: float
+    max_header_bytes: int
+    body_timeout_s: float
+    on_cut: Callable[[str], None] | None
+
+
+class _Guarded(HttpToolsProtocol):
+    limits: _Limits
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._head_bytes: int | None = None
+        """Bytes received since the current head began; None while no head is awaited."""
+        self._in_message = False
+        """The request's headers arrived and its body is not complete yet."""
+
+    # ---- asyncio.Protocol -------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()  # a new connection owes its first request head
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_bytes is not None:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._head_bytes is not None and self._head_bytes > self.limits.max_header_bytes:
+            self._cut("header_size")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
+        super().connection_lost(exc)
+
+    # ---- httptools parser callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self._head_bytes is None:
+            self._await_head()  # the first byte of a request on a kept-alive (or pipelining) connection
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._stop_timer()
+        self._head_bytes = None
+        self._in_message = True
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        self._stop_timer()  # a body timer for a request answered before its body came
+        super().on_message_complete()
+
+    # ---- uvicorn ----------------------------------------------------------------------------------
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._in_message and not self.transport.is_closing() and self._timer is None:
+            self._timer = self.loop.call_later(self.limits.body_timeout_s, self._cut, "body")
+
+    # ---- the limits -------------------------------------------------------------------------------
+    def _await_head(self) -> None:
+        self._stop_timer()
+        self._head_bytes = 0
+        self._timer = self.loop.call_later(self.limits.header_timeout_s, self._cut, "headers")
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _cut(self, phase: str) -> None:
+        self._stop_timer()
+        self._head_bytes = None
+        if self.transport.is_closing():
+            return
+        if self.limits.on_cut is not None:
+            self.limits.on_cut(phase)
+        if phase in CUT_RESPONSES and (self.cycle is None or self.cycle.response_complete):
+            self.transport.write(self._answer(phase))
+        self.transport.close()
+
+    def _answer(self, phase: str) -> bytes:
+        status, reason, code, message = CUT_RESPONSES[phase]
+        limits = self.limits
+        text = message.format(timeout=f"{limits.header_timeout_s:g} s", limit=f"{limits.max_header_bytes} bytes")
+        body = json.dumps({"error": {"code": code, "message": text}}).encode()
+        head = (
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n"
+        )
+        return head.encode("ascii") + body
+
+
+__all__ = ["guarded_protocol"]

@@ -1,0 +1,193 @@
+"""Admission at the door, through a real server: a bound on requests in progress shared by REST and gRPC (429 /
+RESOURCE_EXHAUSTED at once, probes and metrics still answered), and slow or bloated clients cut at the configured
+timeouts and sizes (raw sockets that dribble bytes; a gRPC call whose message never comes)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from service.grpc_api.stubs import bert_pb2 as pb
+from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
+from tests.service.server import ServerProcess, serving
+
+pytestmark = pytest.mark.integration
+
+DOOR = 3
+HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 2.0
+MAX_HEADER_BYTES = 4096
+
+
+@pytest.fixture(scope="module")
+def guarded_server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    env = {
+        "BERTSERVE_MAX_IN_PROGRESS": str(DOOR),
+        "BERTSERVE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+        "BERTSERVE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+        "BERTSERVE_MAX_HEADER_BYTES": str(MAX_HEADER_BYTES),
+    }
+    log = tmp_path_factory.mktemp("admission") / "server.log"
+    with serving([tiny_bundles["classify"]], log, env, clean_exit=True) as server:
+        yield server
+
+
+def _connect(server: ServerProcess) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=10)
+    sock.settimeout(10)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _held_requests(server: ServerProcess, count: int) -> list[socket.socket]:
+    """`count` requests whose headers arrived and whose body never comes: each holds a place at the door."""
+    held = []
+    for _ in range(count):
+        sock = _connect(server)
+        sock.sendall(b"POST /classify HTTP/1.1\r\nhost: x\r\ncontent-length: 40\r\n\r\n{")
+        held.append(sock)
+    return held
+
+
+def _wait_in_progress(server: ServerProcess, expected: int, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if f"bertserve_in_progress {float(expected)}" in httpx.get(server.url + "/metrics").text:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"never {expected} requests in progress:\n{httpx.get(server.url + '/metrics').text}")
+
+
+def test_a_full_door_refuses_rest_and_grpc_at_once_and_still_answers_probes(guarded_server: ServerProcess) -> None:
+    held = _held_requests(guarded_server, DOOR)
+    try:
+        _wait_in_progress(guarded_server, DOOR)
+        start = time.perf_counter()
+        refused = httpx.post(guarded_server.url + "/classify", json={"inputs": "a fine film"}, timeout=10)
+        refused_s = time.perf_counter() - start
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert "max_in_progress" in refused.json()["error"]["message"]
+        assert refused_s < 1.0, refused_s
+        with grpc.insecure_channel(guarded_server.grpc_target) as channel:
+            stub = pb_grpc.ClassifierStub(channel)
+            with pytest.raises(grpc.RpcError) as error:
+                stub.Classify(pb.ClassifyRequest(inputs=[pb.TextInput(text="a fine film")]), timeout=10)
+            assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "max_in_progress" in (error.value.details() or "")
+        for path in ("/health/live", "/health/ready", "/metrics", "/playground"):
+            assert httpx.get(guarded_server.url + path, timeout=5).status_code == 200, path
+        metrics = httpx.get(guarded_server.url + "/metrics").text
+        assert 'bertserve_door_rejected_total{transport="http"} 1.0' in metrics
+        assert 'bertserve_door_rejected_total{transport="grpc"} 1.0' in metrics
+        # the held bodies never come: each is answered 408 at the body timeout and its connection closed
+        for sock in held:
+            answer = _read_all(sock)
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+            assert b"request_timeout" in answer
+    finally:
+        for sock in held:
+            sock.close()
+    _wait_in_progress(guarded_server, 0)
+    assert httpx.post(guarded_server.url + "/classify", json={"inputs": "a fine film"}, timeout=10).status_code == 200
+    assert (
+        'bertserve_slow_clients_cut_total{phase="body",transport="http"} 3.0'
+        in httpx.get(guarded_server.url + "/metrics").text
+    )
+
+
+def test_headers_sent_a_byte_at_a_time_are_cut_at_the_header_timeout(guarded_server: ServerProcess) -> None:
+    sock = _connect(guarded_server)
+    head = b"POST /classify HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 100
+    start = time.perf_counter()
+    try:
+        sent = 0
+        with pytest.raises(OSError):  # the server closes the connection under the dribble
+            for byte in head:
+                sock.sendall(bytes([byte]))
+                sent += 1
+                time.sleep(0.1)
+            raise AssertionError(f"the whole head went through ({sent} bytes in {time.perf_counter() - start:.1f} s)")
+        elapsed = time.perf_counter() - start
+        assert HEADER_TIMEOUT_S - 0.2 < elapsed < HEADER_TIMEOUT_S + 1.5, elapsed
+    finally:
+        sock.close()
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(guarded_server: ServerProcess) -> None:
+    sock = _connect(guarded_server)
+    start = time.perf_counter()
+    try:
+        answer = _read_all(sock)
+    finally:
+        sock.close()
+    elapsed = time.perf_counter() - start
+    assert HEADER_TIMEOUT_S - 0.2 < elapsed < HEADER_TIMEOUT_S + 1.5, elapsed
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+
+
+def test_a_keep_alive_connection_gets_a_fresh_header_timeout_per_request(guarded_server: ServerProcess) -> None:
+    with httpx.Client(base_url=guarded_server.url, timeout=10) as client:
+        for _ in range(3):  # idle longer than the header timeout between requests: kept alive all the same
+            assert client.post("/classify", json={"inputs": "a fine film"}).status_code == 200
+            time.sleep(HEADER_TIMEOUT_S * 1.3)
+        assert client.get("/health/live").status_code == 200
+
+
+def test_oversized_headers_get_431_and_the_connection_closed(guarded_server: ServerProcess) -> None:
+    sock = _connect(guarded_server)
+    try:
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: x\r\nx-big: " + b"b" * (MAX_HEADER_BYTES + 100))
+        answer = _read_all(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"headers_too_large" in answer
+
+
+def test_a_grpc_call_whose_message_never_comes_is_cancelled_at_the_body_timeout(guarded_server: ServerProcess) -> None:
+    async def call() -> grpc.aio.AioRpcError:
+        async with grpc.aio.insecure_channel(guarded_server.grpc_target) as channel:
+            # the unary method called as a client stream that never sends its message
+            method = channel.stream_unary(
+                "/bert.v1.Classifier/Classify",
+                request_serializer=pb.ClassifyRequest.SerializeToString,
+                response_deserializer=pb.ClassifyResponse.FromString,
+            )
+
+            async def nothing() -> AsyncIterator[pb.ClassifyRequest]:
+                await asyncio.sleep(30)
+                yield pb.ClassifyRequest()
+
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await method(nothing(), timeout=20)
+            return error.value
+
+    start = time.perf_counter()
+    error = asyncio.run(call())
+    elapsed = time.perf_counter() - start
+    assert error.code() == grpc.StatusCode.CANCELLED, (error.code(), error.details(), elapsed)
+    assert "did not arrive" in (error.details() or "")
+    assert BODY_TIMEOUT_S - 0.2 < elapsed < BODY_TIMEOUT_S + 2, elapsed
+    _wait_in_progress(guarded_server, 0)
