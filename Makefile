@@ -155,7 +155,7 @@ bench-gpu: install proto
 	$(PY) -m bertserve.bench_gpu --bundles-dir $(BUNDLES_DIR) --out artifacts/bench $(BENCH_ARGS)
 
 # ---- load tests -------------------------------------------------------------------------------------------
-.PHONY: loadtest loadtest-acceptance
+.PHONY: loadtest loadtest-acceptance loadtest-hostile
 LOADTEST_PROFILE ?= smoke
 LOADTEST_BUNDLES := $(foreach name,$(DEFAULT_BUNDLES),$(BUNDLES_DIR)/$(name)/manifest.json)
 SST2_DEV ?= ../shared/data/sst2/dev.half-a.tsv
@@ -184,6 +184,13 @@ loadtest-acceptance: install proto triton-venv $(LOADTEST_BUNDLES)
 		--models embed=minilm --sst2 $(SST2_DEV) --tag acceptance-embed
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile overload --mix "/classify=1,Classifier.Classify=1" \
 		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-overload
+
+# The hostile profile against the default server (about 6 minutes): distinct option values, maximum-size requests,
+# a 500-connection flood, slow clients, malformed requests; exit 4 when a bound breaks. HOSTILE_ARGS, e.g.
+# --hostile values=100,flood=200, resizes it.
+loadtest-hostile: install proto $(LOADTEST_BUNDLES)
+	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile hostile $(if $(wildcard $(SST2_DEV)),--sst2 $(SST2_DEV)) \
+		$(if $(wildcard $(SQUAD_DEV)),--squad $(SQUAD_DEV)) $(HOSTILE_ARGS)
 
 # ---- default task models --------------------------------------------------------------------------------
 # LoRA composites over minilm (a few MB each, committed under bert_model/pretrained/), rebuilt from the
