@@ -310,17 +310,25 @@ class RssProbe:
 
 
 class ProcRss(RssProbe):
-    """VmRSS of process `pid` and its descendants, from /proc."""
+    """VmRSS of process `pid` and its descendants, from /proc (the descendants looked up every few seconds)."""
+
+    FAMILY_EVERY_S = 5.0
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.source = f"/proc/{pid}/status (and its descendants)"
+        self._family: list[int] = [pid]
+        self._found_at = -math.inf
 
     async def read(self) -> int | None:
-        return proc_rss(self.pid)
+        if time.monotonic() - self._found_at > self.FAMILY_EVERY_S:
+            self._family, self._found_at = descendants(self.pid), time.monotonic()
+        sizes = [size for size in map(_vm_rss, self._family) if size is not None]
+        return sum(sizes) if sizes else None
 
 
-def proc_rss(pid: int) -> int | None:
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -329,14 +337,12 @@ def proc_rss(pid: int) -> int | None:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry.name))
-    total, todo, found = 0, [pid], False
+    family, todo = [], [pid]
     while todo:
         current = todo.pop()
-        rss = _vm_rss(current)
-        if rss is not None:
-            total, found = total + rss, True
+        family.append(current)
         todo += children.get(current, [])
-    return total if found else None
+    return family
 
 
 def _vm_rss(pid: int) -> int | None:
