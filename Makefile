@@ -279,5 +279,5 @@ deploy-check: deploy-venv promtool
 
 # 3 api replicas behind HAProxy with Prometheus on a real engine (docker-compose.scale.yml): the share of each
 # replica, a replica killed under load, a rolling restart under load. Reuses the api image that compose-test built.
-scale-test: install proto docker-wheels promtool
+scale-test: install proto docker-wheels
 	$(PY) -m pytest -m scale tests/deploy $(PYTEST_ARGS)
