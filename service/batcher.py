@@ -34,6 +34,7 @@ from bert_model.tokenization import pad_rows
 from service.errors import (
     BackendBroken,
     BackendError,
+    BackendUnavailable,
     DeadlineExceeded,
     Internal,
     InvalidInput,
@@ -48,8 +49,9 @@ log = logging.getLogger(__name__)
 RunBatch = Callable[[dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
 OnFailure = Callable[[str, str], None]
 """Called once when a model fails for good, with the model's name and the reason."""
-LOAD_ERRORS = (Overloaded, DeadlineExceeded, NotReady)
-"""Failures that say the backend is busy (its queue, its timeout), not that it is failing: never counted."""
+LOAD_ERRORS = (Overloaded, DeadlineExceeded, NotReady, BackendUnavailable)
+"""Failures that say the backend is busy (its queue, its timeout) or away (a remote Triton that does not answer),
+not that this process is failing: never counted, since restarting the process would bring neither back."""
 
 
 class Encoded(Protocol):

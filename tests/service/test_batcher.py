@@ -14,6 +14,7 @@ from service.batcher import BatchConfig, Batcher
 from service.errors import (
     BackendBroken,
     BackendError,
+    BackendUnavailable,
     DeadlineExceeded,
     Internal,
     InvalidInput,
@@ -502,9 +503,9 @@ def test_a_backend_that_reports_itself_broken_fails_the_model_at_once() -> None:
 
 
 def test_consecutive_failed_batches_fail_the_model_and_busy_answers_do_not_count() -> None:
-    """With a limit of 3: two failures, a success, two failures, two Overloaded answers leave it serving; the
-    third failure in a row fails it."""
-    script = ["fail", "fail", "ok", "fail", "fail", "busy", "busy", "fail", "ok"]
+    """With a limit of 3: two failures, a success, two failures, two Overloaded answers and two from a backend
+    that is away (BackendUnavailable) leave it serving; the third failure in a row fails it."""
+    script = ["fail", "fail", "ok", "fail", "fail", "busy", "busy", "away", "away", "fail", "ok"]
 
     class Scripted(FakeBackend):
         async def __call__(self, arrays):  # type: ignore[no-untyped-def]
@@ -514,6 +515,8 @@ def test_consecutive_failed_batches_fail_the_model_and_busy_answers_do_not_count
                 raise RuntimeError("bad batch")
             if step == "busy":
                 raise Overloaded("busy")
+            if step == "away":
+                raise BackendUnavailable("triton does not answer")
             return out
 
     heard: list[str] = []
@@ -537,8 +540,8 @@ def test_consecutive_failed_batches_fail_the_model_and_busy_answers_do_not_count
 
     outcomes = run(go())
     kinds = [type(o).__name__ for o in outcomes]
-    failing, busy = ["BackendError"] * 2, ["Overloaded"] * 2
-    assert kinds == [*failing, "BatchResult", *failing, *busy, "BackendError", "ModelFailed"], kinds
+    failing, busy, away = ["BackendError"] * 2, ["Overloaded"] * 2, ["BackendUnavailable"] * 2
+    assert kinds == [*failing, "BatchResult", *failing, *busy, *away, "BackendError", "ModelFailed"], kinds
     assert len(heard) == 1 and heard[0].startswith("3 batches in a row failed") and "bad batch" in heard[0]
 
 
