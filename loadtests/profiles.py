@@ -136,10 +136,10 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             name="hostile",
-            description="what a hostile client does, in phases (about 5 minutes): 1,000 distinct values of every "
-            "numeric option, maximum-size requests beside small ones, a flood of 500 connections, slow clients, "
-            "malformed requests; server RSS, the small requests' p99, status codes per phase; exit 4 on a broken "
-            "bound. Sizes and bounds: --hostile KEY=VALUE,...",
+            description="a hostile client's phases (about 6 minutes): 1,000 distinct values of every numeric "
+            "option, maximum-size requests beside small ones, a 500-connection flood, slow clients, malformed "
+            "requests; server RSS, small requests' p99 and status codes per phase; exit 4 on a broken bound "
+            "(sizes and bounds: --hostile).",
             stages=(Stage(end_s=300, users=8, spawn_rate=8),),
             driver="hostile",
         ),
