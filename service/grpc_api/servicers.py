@@ -51,8 +51,18 @@ CUT_MARK = " ... [{} characters cut] ... "
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
-    """End the call with the status of `service.errors.GRPC_STATUS` and the error's message (`status_details`)."""
-    await context.abort(grpc_status(error), status_details(error.message))
+    """End the call with the status of `service.errors.GRPC_STATUS` and the error's message (`status_details`).
+
+    A call that grpc's core has already ended with a status of its own (a compressed-flag message without
+    grpc-encoding, seen by the handler as a request stream without a message) cannot take a second one: it ends
+    as cancelled, which grpc does not log as a servicer's failure."""
+    try:
+        await context.abort(grpc_status(error), status_details(error.message))
+    except grpc.aio.AbortError:
+        raise
+    except Exception as failure:  # grpc's ExecuteBatchError: the status could not be sent
+        log.debug("the call had ended before its status was sent: %s", error.message)
+        raise asyncio.CancelledError("the call had already ended") from failure
     raise AssertionError("unreachable: abort raises")
 
 

@@ -153,7 +153,9 @@ def short_texts() -> st.SearchStrategy[str]:
 
 def texts() -> st.SearchStrategy[str]:
     very_long = st.builds(
-        lambda unit, n: unit * n, st.sampled_from(["word ", "é", "[MASK] ", "x", "北"]), st.integers(60, 12_000)
+        lambda unit, n: unit * n,
+        st.sampled_from(["word ", "é", "[MASK] ", "x", "北"]),
+        st.one_of(st.sampled_from([70, 3_000, 12_000]), st.integers(1, 12_000)),  # past a window, 8 KiB, 64 KiB
     )
     return st.one_of(short_texts(), short_texts(), very_long)
 
@@ -423,6 +425,46 @@ def test_valid_requests_are_answered(channel: grpc.Channel, rpc: Rpc, data: st.D
 def test_long_fuzz(channel: grpc.Channel, rpc: Rpc, data: st.DataObject) -> None:
     check = data.draw(st.sampled_from([_fuzz_messages, _fuzz_bytes, _answer_valid]), label="check")
     check(channel, rpc, data)
+
+
+BASE = {
+    "Classify": pb.ClassifyRequest(inputs=[pb.TextInput(text="a fine film", text_pair="it was")]),
+    "Extract": pb.ExtractRequest(inputs=[pb.QAInput(question="who?", context="Ada wrote it.")]),
+    "Recognize": pb.RecognizeRequest(texts=["Ada went to London."]),
+    "Embed": pb.EmbedRequest(texts=["a sentence"]),
+    "Fill": pb.FillRequest(texts=["a [MASK] film"], targets=["good"]),
+    "List": pb.ListModelsRequest(),
+}
+"""A valid request per method, whose fields the tests below replace one at a time."""
+
+
+def string_fields(message: Any) -> Iterator[tuple[Any, str]]:
+    """(holder, field name) of every string field in `message`, the first element of nested messages included."""
+    for field in message.DESCRIPTOR.fields:
+        if field.type == FieldDescriptor.TYPE_STRING:
+            yield message, field.name
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and field.is_repeated and getattr(message, field.name):
+            yield from string_fields(getattr(message, field.name)[0])
+
+
+LONG_VALUES = {"é x 20,000": "é" * 20_000, "1.9 MB": "x" * 1_900_000}
+
+
+@pytest.mark.parametrize("rpc", RPCS, ids=RPC_IDS)
+def test_very_long_strings_in_every_field(fuzz_server: ServerProcess, channel: grpc.Channel, rpc: Rpc) -> None:
+    base = BASE[rpc.path.rsplit("/", 1)[1]]
+    count = len(list(string_fields(base)))
+    for long in LONG_VALUES.values():
+        for index in range(count):  # the index-th string field set to `long`, the others as in `base`
+            request = type(base)()
+            request.CopyFrom(base)
+            holder, name = list(string_fields(request))[index]
+            if holder.DESCRIPTOR.fields_by_name[name].is_repeated:
+                getattr(holder, name)[0] = long
+            else:
+                setattr(holder, name, long)
+            judge(channel, rpc, request.SerializeToString())
+    assert_serving(fuzz_server, channel)
 
 
 def test_server_serves_after_the_fuzz(fuzz_server: ServerProcess, channel: grpc.Channel) -> None:
