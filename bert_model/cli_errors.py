@@ -1,8 +1,8 @@
 """Turn user mistakes into a one-line error and exit status 2, instead of a traceback.
 
-Shared by every stage's command-line adapter (`bert_model`, `export`, and through `bertserve.errors` the
-service's and the load tests'); it lives here, at the bottom of the dependency graph, so that no stage imports
-the `bertserve` package that composes them. Torch-free.
+Shared by every stage's command-line adapter (`bert_model`, `export`, the service's and the load tests'); it lives
+here, at the bottom of the dependency graph, so that no stage imports the `bertserve` package that composes them.
+Torch-free.
 """
 
 from __future__ import annotations

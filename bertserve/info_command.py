@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from bertserve.errors import exit_on_user_error
+from bert_model.cli_errors import exit_on_user_error
 
 
 def register(app: typer.Typer) -> None:

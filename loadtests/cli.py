@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from bertserve.errors import exit_on_user_error
+from bert_model.cli_errors import exit_on_user_error
 from loadtests.endpoints import DEFAULT_MIX
 from loadtests.profiles import PROFILES
 

@@ -18,8 +18,8 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from bert_model.cli_errors import exit_on_user_error
 from bert_model.tasks.retrieval import RetrievalSet, recall_at_k, squad_retrieval_set
-from bertserve.errors import exit_on_user_error
 from loadtests.safety import check_http_url
 
 Embed = Callable[[list[str]], np.ndarray]

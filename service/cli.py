@@ -18,7 +18,7 @@ from typing import Any
 import typer
 from pydantic.fields import FieldInfo
 
-from bertserve.errors import exit_on_user_error
+from bert_model.cli_errors import exit_on_user_error
 from service.settings import ServiceSettings
 
 SWITCHES = {
