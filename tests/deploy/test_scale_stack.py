@@ -177,6 +177,27 @@ def served(container: str) -> dict[str, float]:
     return counts
 
 
+STOP_MESSAGES = {"stop signal received: draining": "signal", "drain over": "drain_over", "stopped": "stopped"}
+
+
+def stop_sequence(container: str) -> dict[str, float]:
+    """Seconds from the stop signal to the end of the drain and to the lifespan's last line, from the server's
+    JSON log of its last run."""
+    text = subprocess.run(["docker", "logs", container], capture_output=True, text=True, timeout=60)
+    seen: dict[str, float] = {}
+    for line in (text.stdout + text.stderr).splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        key = STOP_MESSAGES.get(entry.get("message", "")) if isinstance(entry, dict) else None
+        if key is not None:
+            seen[key] = time.mktime(time.strptime(entry["ts"][:19], "%Y-%m-%dT%H:%M:%S")) + float(entry["ts"][19:23])
+    if "signal" not in seen:
+        return {}
+    return {f"{key}_after_signal_s": round(seen[key] - seen["signal"], 2) for key in seen if key != "signal"}
+
+
 def record(name: str, figures: dict[str, Any]) -> None:
     RESULTS[name] = figures
     print(f"[scale-test] {name}: {json.dumps(figures)}")
@@ -434,9 +455,10 @@ def test_a_rolling_restart_loses_no_call_and_resets_no_connection(stack: Stack) 
             docker("stop", "--time", "40", name)  # SIGTERM: drain, refuse, finish in flight, exit
             stopped_s = time.monotonic() - started
             exit_code = docker("inspect", "-f", "{{.State.ExitCode}}", name).strip()
+            stop_log = stop_sequence(name)
             docker("start", name)
             stack.wait_balanced()  # its health checks passed: it is ready, and back in both backends
-            steps.append({"replica": name, "exit": exit_code, "stop_s": round(stopped_s, 1),
+            steps.append({"replica": name, "exit": exit_code, "stop_s": round(stopped_s, 1), **stop_log,
                           "back_s": round(time.monotonic() - started, 1)})  # fmt: skip
         time.sleep(2)
     failed = load.failures()
