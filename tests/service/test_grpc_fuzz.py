@@ -16,6 +16,7 @@ https://grpc.github.io/grpc/core/md_doc_statuscodes.html , https://github.com/gr
 from __future__ import annotations
 
 import gzip
+import re
 import socket
 import struct
 import time
@@ -31,7 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.grpc_api.servicers import MAX_DETAILS_BYTES
+from service.grpc_api.servicers import MAX_DETAILS_BYTES, status_details
 from service.grpc_api.stubs import bert_pb2 as pb
 from tests.service.server import ServerProcess, serving
 
@@ -125,7 +126,7 @@ def judge(channel: grpc.Channel, rpc: Rpc, payload: bytes) -> grpc.StatusCode:
         request = None
     if code == grpc.StatusCode.OK:
         assert request is not None, f"{rpc.path} answered OK to bytes that do not parse: {payload[:80]!r}"
-        if rpc.inputs:
+        if rpc.inputs and rpc.results:
             assert len(getattr(answer, rpc.results)) == len(getattr(request, rpc.inputs)), answer
         return code
     details = answer
@@ -228,10 +229,9 @@ def payloads(wire_type: int, field: FieldDescriptor | None, depth: int) -> st.Se
     if wire_type == 5:
         return st.binary(min_size=4, max_size=4)
     if wire_type == 2:
-        nested = field is not None and field.type == FieldDescriptor.TYPE_MESSAGE and depth < 2
         text = st.text(max_size=20).map(str.encode)
         options = [st.binary(max_size=24), text]  # random bytes are mostly invalid UTF-8
-        if nested:
+        if field is not None and field.type == FieldDescriptor.TYPE_MESSAGE and depth < 2:
             options.append(wire_messages(field.message_type, depth + 1))
         return st.one_of(*options)
     return st.binary(max_size=8)
@@ -376,7 +376,7 @@ FUZZ = settings(
     derandomize=True,  # the default suite runs the same examples every time; the slow run explores
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
-FUZZ_LONG = settings(FUZZ, max_examples=300, derandomize=False)
+FUZZ_LONG = settings(FUZZ, max_examples=1000, derandomize=False)
 
 
 def _fuzz_messages(channel: grpc.Channel, rpc: Rpc, data: st.DataObject) -> None:
@@ -391,7 +391,7 @@ def _answer_valid(channel: grpc.Channel, rpc: Rpc, data: st.DataObject) -> None:
     request = data.draw(VALID[rpc.path.rsplit("/", 1)[1]](), label="request")
     code, answer = call_raw(channel, rpc, request.SerializeToString())
     assert code == grpc.StatusCode.OK, f"a valid {type(request).__name__} was refused: {code} {answer}"
-    if rpc.inputs:
+    if rpc.inputs and rpc.results:
         assert len(getattr(answer, rpc.results)) == len(getattr(request, rpc.inputs))
     else:
         assert sorted(model.name for model in answer.models) == sorted(MODELS)
@@ -427,7 +427,7 @@ def test_long_fuzz(channel: grpc.Channel, rpc: Rpc, data: st.DataObject) -> None
     check(channel, rpc, data)
 
 
-BASE = {
+BASE: dict[str, Any] = {
     "Classify": pb.ClassifyRequest(inputs=[pb.TextInput(text="a fine film", text_pair="it was")]),
     "Extract": pb.ExtractRequest(inputs=[pb.QAInput(question="who?", context="Ada wrote it.")]),
     "Recognize": pb.RecognizeRequest(texts=["Ada went to London."]),
@@ -469,6 +469,24 @@ def test_very_long_strings_in_every_field(fuzz_server: ServerProcess, channel: g
 
 def test_server_serves_after_the_fuzz(fuzz_server: ServerProcess, channel: grpc.Channel) -> None:
     assert_serving(fuzz_server, channel)
+
+
+@pytest.mark.parametrize("unit", ["m", "é", "%", "北", "\x00"])
+def test_status_details_fit_the_wire_limit(unit: str) -> None:
+    from urllib.parse import quote
+
+    def wire(text: str) -> int:  # grpc-message's percent-encoding: printable ASCII but '%' stays as it is
+        return len(quote(text, safe="".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")))
+
+    assert status_details("unknown model 'x'") == "unknown model 'x'"
+    message = f"unknown model {unit * 100_000!r}; loaded: tiny-classify (classify), tiny-qa (qa)"
+    details = status_details(message)
+    assert wire(details) <= MAX_DETAILS_BYTES < wire(message)
+    assert details.startswith("unknown model '") and details.endswith("loaded: tiny-classify (classify), tiny-qa (qa)")
+    parts = re.fullmatch(r"(.*) \.\.\. \[(\d+) characters cut\] \.\.\. (.*)", details, re.DOTALL)
+    assert parts is not None, details
+    head, cut, tail = parts.groups()
+    assert message.startswith(head) and message.endswith(tail) and len(head) + int(cut) + len(tail) == len(message)
 
 
 # ---- fixed abuse ----------------------------------------------------------------------------------------
@@ -626,7 +644,7 @@ def h2_call(target: str, headers: list[tuple[str, str]], body: bytes, drop: tupl
     return answer
 
 
-H2_INVALID_ARGUMENT = {
+H2_INVALID_ARGUMENT: dict[str, tuple[list[tuple[str, str]], bytes]] = {
     "no message": ([], b""),
     "a length prefix cut short": ([], b"\x00\x00\x00"),
     "a message shorter than its prefix says": ([], _frame(OK_REQUEST, length=len(OK_REQUEST) + 50)),
