@@ -1,7 +1,7 @@
 """The accuracy guards of the encoder's own tasks, embed and fill-mask: examples, and outputs -> predictions.
 
-- embed: each text's sentence vector as the service computes it: the graph's pooled vector (the bundle's pooling,
-  in the graph), then L2 normalization (`bert_model.tasks.embeddings`), so that the cosine is a dot product;
+- embed: each text's unit sentence vector as the service answers it by default: the graph's normalized vector
+  (the bundle's pooling, then L2 normalization, both in the graph), so that the cosine is a dot product;
   held-out texts (SST-2 sentences, or a calibration file), plus, when the data folder has SQuAD, question ->
   paragraph retrieval: each question's nearest paragraph by cosine among the paragraphs of the sample (its gold
   paragraph and its neighbours from the same article). PyTorch fp32's retrieval accuracy against the gold
@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from bert_model.tasks.classification import build_classification_features
-from bert_model.tasks.embeddings import l2_normalize
 from bert_model.tasks.features import Feature
 from bert_model.tokenization import BertTokenizer
 from export.guard_data import read_texts, retrieval_sample
@@ -49,7 +48,7 @@ def embedding_guard(
     first_question, first_paragraph = len(texts), len(texts) + len(questions)
 
     def decode(outputs: Rows) -> Scored:
-        vectors = l2_normalize(np.stack(outputs["sentence_embedding"]))  # (texts, H), unit rows
+        vectors = np.stack(outputs["normalized_embedding"])  # (texts, H), unit rows
         scored = Scored(dict(enumerate(vectors)))
         if sample:
             nearest = np.argmax(vectors[first_question:first_paragraph] @ vectors[first_paragraph:].T, axis=1)

@@ -65,7 +65,7 @@ def _output_dims(manifest: BundleManifest) -> dict[str, list[int]]:
         "classify": {"logits": [labels]},
         "qa": {"start_logits": [-1], "end_logits": [-1]},
         "ner": {"logits": [-1, labels]},
-        "embed": {"sentence_embedding": [-1]},
+        "embed": {"pooled_embedding": [-1], "normalized_embedding": [-1]},
         "fill-mask": {"mask_logits": [-1, -1]},
     }[manifest.task]
 

@@ -7,8 +7,9 @@ fuses into one `Attention` node per layer (see ../shared/README.md, "Export and 
 
 Only what the answer needs leaves the graph (spec.OUTPUT_NAMES):
 - embed: the token states pooled under the attention mask as sentence-transformers' `Pooling` module does (mean:
-  sum / max(count, 1e-9); cls: the first token; max: masked positions at -1e9 first), (B, H). The numpy reference
-  is `bert_model.tasks.embeddings.pool`.
+  sum / max(count, 1e-9); cls: the first token; max: masked positions at -1e9 first), (B, H), and that vector
+  L2-normalized as its `Normalize` module does (divided by max(norm, 1e-12)). The numpy references are
+  `bert_model.tasks.embeddings.pool` and `l2_normalize`.
 - fill-mask: the masked-LM head at the mask tokens only, (B, M, V) with M the batch's most masks in one row (at
   least 1). A row's mask positions come first, in position order, from TopK(k=M, smallest) over a key that is the
   position for a mask token and S + the position otherwise: the keys are distinct, so the order does not rest on
@@ -34,7 +35,7 @@ from bert_model.heads import (
 )
 from bert_model.modeling import BertModel
 from bert_model.registry import resolve_model_path
-from bert_model.tasks.embeddings import MASKED_MAX, POOLING_MODES
+from bert_model.tasks.embeddings import MASKED_MAX, NORMALIZE_EPS, POOLING_MODES
 from bert_model.tasks.spec import OUTPUT_NAMES
 
 ARCHITECTURE_TASKS: dict[str, str] = {
@@ -192,7 +193,8 @@ class ExportWrapper(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         output = self.model(input_ids, attention_mask, token_type_ids)
         if self.task == "embed":
-            return (pool_states(output.last_hidden_state, attention_mask, self.options.pooling),)  # (B, H)
+            pooled = pool_states(output.last_hidden_state, attention_mask, self.options.pooling)  # (B, H)
+            return pooled, pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=NORMALIZE_EPS)
         if self.task == "fill-mask":
             return (output,)  # (B, M, V)
         return tuple(getattr(output, name) for name in self.output_names)

@@ -165,8 +165,9 @@ class TaskCode:
         else:
             settings = self.manifest.task_settings
             vectors = embedding_postprocess(
-                features, [row["sentence_embedding"] for row in rows], normalize=settings.get("normalize", True)
-            )  # the graph pooled: (H,) rows
+                features, [row["pooled_embedding"] for row in rows], [row["normalized_embedding"] for row in rows],
+                normalize=settings.get("normalize", True),
+            )  # fmt: skip
             tokens = {feature.request_index: len(feature) for feature in features}
             found = {index: {"embedding": vector, "tokens": tokens[index]} for index, vector in vectors.items()}
         return [found.get(index, []) for index in range(count)]

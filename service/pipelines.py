@@ -411,7 +411,8 @@ class NERPipeline(Pipeline):
 
 class EmbedPipeline(Pipeline):
     """Sentence embeddings: one (cut or refused) sequence per text; the graph pools it (the manifest's `pooling`
-    says how), the pipeline normalizes or truncates the (H,) vector as the request asks."""
+    says how) and normalizes the pooled vector, the pipeline picks the vector the request asks for (or cuts the
+    pooled one to `dimensions` and renormalizes it)."""
 
     task = "embed"
 
@@ -436,7 +437,7 @@ class EmbedPipeline(Pipeline):
         )
 
     def _postprocess(self, request: EmbedInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
-        pooled = [output["sentence_embedding"] for output in outputs]
+        pooled = [output["pooled_embedding"] for output in outputs]
         size = int(np.shape(pooled[0])[-1]) if pooled else 0
         if request.dimensions is not None and request.dimensions > size:
             raise InvalidInput(
@@ -445,6 +446,7 @@ class EmbedPipeline(Pipeline):
         vectors = embedding_postprocess(
             features,
             pooled,
+            [output["normalized_embedding"] for output in outputs],
             normalize=self.normalize if request.normalize is None else request.normalize,
             dimensions=request.dimensions,
         )

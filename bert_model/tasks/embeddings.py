@@ -6,8 +6,8 @@ Pooling follows sentence-transformers' `Pooling` module (sentence_transformers/m
 - max: the element-wise maximum over the tokens under the mask (masked positions set to -1e9 first).
 `l2_normalize` is `torch.nn.functional.normalize(p=2, dim=-1, eps=1e-12)`; `truncate_dimensions` keeps the
 first `dimensions` components and renormalizes, as OpenAI's `dimensions` option and Matryoshka models do.
-A bundle's graph pools in the graph (export/wrapper.py follows `pool`) and outputs the pooled vector;
-`embedding_postprocess` normalizes or truncates it as the request asks.
+A bundle's graph pools and normalizes (export/wrapper.py follows `pool` and `l2_normalize`) and outputs both
+vectors; `embedding_postprocess` picks the one a request asks for, or truncates the pooled one.
 Torch-free: numpy only; computed in float32 like the reference.
 """
 
@@ -67,23 +67,25 @@ def truncate_dimensions(vectors: ArrayLike, dimensions: int) -> np.ndarray:
 def embedding_postprocess(
     features: Sequence[Feature],
     pooled: Sequence[np.ndarray],
+    normalized: Sequence[np.ndarray] | None = None,
     *,
     normalize: bool = True,
     dimensions: int | None = None,
 ) -> dict[int, list[float]]:
     """Per request index: its sentence vector. One feature per input (no windows); each output row is that
-    feature's (H,) pooled vector (the graph's `sentence_embedding`), normalized unless `normalize` is false, or cut
-    to its first `dimensions` components and renormalized."""
-    if len(features) != len(pooled):
+    feature's (H,) pooled vector (the graph's `pooled_embedding`) and, when given, its L2-normalized copy
+    (`normalized_embedding`, else normalized here). The normalized vector unless `normalize` is false (the pooled
+    one); with `dimensions`, the pooled vector's first `dimensions` components, renormalized."""
+    if len(features) != len(pooled) or (normalized is not None and len(normalized) != len(pooled)):
         raise ValueError(f"{len(pooled)} output rows for {len(features)} features")
     results: dict[int, list[float]] = {}
-    for feature, output in zip(features, pooled, strict=True):
+    for index, (feature, output) in enumerate(zip(features, pooled, strict=True)):
         vector = np.asarray(output, dtype=np.float32)
         if vector.ndim != 1:
-            raise ValueError(f"sentence_embedding rows must be (hidden,) vectors, got shape {vector.shape}")
+            raise ValueError(f"embedding rows must be (hidden,) vectors, got shape {vector.shape}")
         if dimensions is not None:
             vector = truncate_dimensions(vector, dimensions)  # unit length whatever `normalize` says
         elif normalize:
-            vector = l2_normalize(vector)
+            vector = l2_normalize(vector) if normalized is None else np.asarray(normalized[index], np.float32)
         results[feature.request_index] = vector.tolist()
     return results

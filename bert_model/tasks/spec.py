@@ -31,14 +31,15 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "classify": ("logits",),  # (batch_size, num_labels)
     "qa": ("start_logits", "end_logits"),  # (batch_size, sequence_length) each
     "ner": ("logits",),  # (batch_size, sequence_length, num_labels)
-    "embed": ("sentence_embedding",),  # (batch_size, hidden): token states pooled as task_settings say
+    "embed": ("pooled_embedding", "normalized_embedding"),  # (batch_size, hidden) each
     "fill-mask": ("mask_logits",),  # (batch_size, masked_positions, vocab_size): the masked-LM head's scores
 }
 """Only what the answer needs leaves the graph. An embed graph pools its token states (task_settings `pooling`,
-under the attention mask); normalization stays with the caller, whose requests may ask for the raw vector or a
-prefix of it. A fill-mask graph runs the masked-LM head at the mask tokens only (input_ids == the tokenizer's mask
-id): row b holds the logits of its mask tokens in position order, then filler rows up to the batch's most masks
-(at least one), which carry no answer."""
+under the attention mask) and L2-normalizes the pooled vector: the normalized one answers requests that want unit
+vectors, the pooled one those that ask for the raw vector (normalize=false) or a prefix of it (`dimensions`,
+renormalized by the caller). A fill-mask graph runs the masked-LM head at the mask tokens only (input_ids == the
+tokenizer's mask id): row b holds the logits of its mask tokens in position order, then filler rows up to the
+batch's most masks (at least one), which carry no answer."""
 
 UNLISTED_OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     **OUTPUT_NAMES,
@@ -56,7 +57,8 @@ DYNAMIC_AXES: dict[str, dict[int, str]] = {
     "logits@ner": {0: "batch_size", 1: "sequence_length"},
     "start_logits": {0: "batch_size", 1: "sequence_length"},
     "end_logits": {0: "batch_size", 1: "sequence_length"},
-    "sentence_embedding": {0: "batch_size"},
+    "pooled_embedding": {0: "batch_size"},
+    "normalized_embedding": {0: "batch_size"},
     "mask_logits": {0: "batch_size", 1: "masked_positions"},
 }
 SEQUENCE_AXIS = "sequence_length"

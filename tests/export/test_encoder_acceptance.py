@@ -21,7 +21,6 @@ import transformers
 
 from bert_model.registry import minilm_path
 from bert_model.tasks.classification import build_classification_features
-from bert_model.tasks.embeddings import l2_normalize
 from bert_model.tasks.features import collate
 from bert_model.tasks.fill_mask import build_fill_mask_features, fill_mask_postprocess, target_ids
 from bert_model.tasks.runtimes import openvino_available
@@ -43,7 +42,8 @@ def real_sentences(data_dir: Path) -> list[str]:
 
 
 def bundle_vectors(bundle: Path, variant: str, texts: list[str]) -> np.ndarray:
-    """Sentence vectors as the service computes them: the bundle's graph (pooled), then its manifest's normalization."""
+    """Sentence vectors as the service answers by default: the bundle's graph pools, and normalizes when its manifest
+    says the model does."""
     manifest = BundleManifest.read(bundle)
     tokenizer = BertTokenizer.from_pretrained(bundle / TOKENIZER_DIR)
     features = build_classification_features(tokenizer, texts, max_seq_length=manifest.max_seq_length)
@@ -53,8 +53,9 @@ def bundle_vectors(bundle: Path, variant: str, texts: list[str]) -> np.ndarray:
     vectors = []
     for start in range(0, len(features), 32):
         feed = collate(features[start : start + 32], tokenizer.pad_id)
-        pooled = run(feed)["sentence_embedding"]  # (B, H): pooled in the graph
-        vectors.append(l2_normalize(pooled) if manifest.task_settings["normalize"] else pooled)
+        outputs = run(feed)  # (B, H) each: pooled, and normalized, in the graph
+        normalize = manifest.task_settings["normalize"]
+        vectors.append(outputs["normalized_embedding"] if normalize else outputs["pooled_embedding"])
     return np.concatenate(vectors)
 
 

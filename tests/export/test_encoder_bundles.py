@@ -15,7 +15,7 @@ import transformers
 
 from bert_model.heads import BertForMaskedLM, BertForPreTraining
 from bert_model.modeling import BertModel
-from bert_model.tasks.embeddings import pool
+from bert_model.tasks.embeddings import l2_normalize, pool
 from bert_model.tasks.spec import BundleManifest
 from bert_model.tokenization import BertTokenizer
 from export.bundle import build_bundle
@@ -93,7 +93,7 @@ def test_embed_bundle_states_pooling_normalization_and_its_source(tmp_path: Path
     assert manifest.max_seq_length == 64  # sentence_bert_config.json's, the length the model is used with
     assert manifest.source["task_settings_source"] == "modules.json + 1_Pooling/config.json"
     assert manifest.source["guard_inputs"]["settings"]["pooling"] == "cls"
-    assert manifest.outputs == ["sentence_embedding"]
+    assert manifest.outputs == ["pooled_embedding", "normalized_embedding"]
     assert_graph_pools(result.path, folder, "cls")
     plain = build_bundle(tiny_encoder(tmp_path / "plain"), tmp_path / "plain-bundle", data_dir=tmp_path, **FAST)
     assert plain.manifest.task_settings == {"pooling": "mean", "normalize": False}
@@ -107,15 +107,17 @@ def encoder_batch(tokenizer: BertTokenizer) -> dict[str, np.ndarray]:
 
 def assert_graph_pools(bundle: Path, folder: Path, pooling: str) -> None:
     """The bundle's graph outputs the (B, H) sentence vectors that `bert_model.tasks.embeddings.pool` makes of
-    the encoder's token states (what the service computed from `last_hidden_state` before)."""
+    the encoder's token states, and their `l2_normalize`d copies (what the service computed from
+    `last_hidden_state` before)."""
     tokenizer = BertTokenizer.from_pretrained(bundle / "tokenizer")
     batch = encoder_batch(tokenizer)
     session = ort.InferenceSession(str(bundle / "cpu-fp32.onnx"), providers=["CPUExecutionProvider"])
-    (vectors,) = session.run(["sentence_embedding"], batch)
+    pooled, normalized = session.run(["pooled_embedding", "normalized_embedding"], batch)
     with torch.inference_mode():
         states = BertModel.from_pretrained(folder)(**{k: torch.from_numpy(v) for k, v in batch.items()})
     expected = pool(states.last_hidden_state.numpy(), batch["attention_mask"], pooling)
-    assert vectors.shape == (3, 32) and np.abs(vectors - expected).max() <= 1e-5
+    assert pooled.shape == normalized.shape == (3, 32) and np.abs(pooled - expected).max() <= 1e-5
+    assert np.abs(normalized - l2_normalize(expected)).max() <= 1e-6
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
@@ -125,9 +127,11 @@ def test_export_wrapper_pools_as_the_reference(pooling: str) -> None:
     ids = torch.randint(5, 99, (3, 7))
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1, 1] + [0] * 5])
     with torch.inference_mode():
-        (pooled,) = ExportWrapper(model, "embed", GraphOptions(pooling=pooling))(ids, mask, torch.zeros_like(ids))
+        pooled, normalized = ExportWrapper(model, "embed", GraphOptions(pooling))(ids, mask, torch.zeros_like(ids))
         states = model(ids, mask, torch.zeros_like(ids)).last_hidden_state.numpy()
-    np.testing.assert_allclose(pooled.numpy(), pool(states, mask.numpy(), pooling), rtol=1e-6, atol=1e-6)
+    expected = pool(states, mask.numpy(), pooling)
+    np.testing.assert_allclose(pooled.numpy(), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(normalized.numpy(), l2_normalize(expected), rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="pooling must be one of mean, cls, max"):
         GraphOptions(pooling="sum")
 

@@ -33,8 +33,8 @@ def feed_with_one_mask_per_row(vocab: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("task", ["embed", "fill-mask"])
 def test_only_the_answer_leaves_the_graph(task: str, tmp_path: Path) -> None:
-    """b8 x s128: an embed graph puts out B x H floats (not B x S x H token states), a fill-mask graph with one mask
-    per row B x 1 x V (not B x S x V)."""
+    """b8 x s128: an embed graph puts out 2 x B x H floats (the pooled vector and its normalized copy; not B x S x H
+    token states), a fill-mask graph with one mask per row B x 1 x V (not B x S x V)."""
     torch.manual_seed(0)
     config = tiny_config()
     model = (BertModel if task == "embed" else BertForMaskedLM)(config).eval()
@@ -42,8 +42,8 @@ def test_only_the_answer_leaves_the_graph(task: str, tmp_path: Path) -> None:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [output.name for output in session.get_outputs()] == list(OUTPUT_NAMES[task])
     outputs = session.run(None, feed_with_one_mask_per_row(config.vocab_size))
-    width = config.hidden_size if task == "embed" else config.vocab_size
-    assert sum(output.nbytes for output in outputs) == BATCH * width * 4
+    floats = 2 * config.hidden_size if task == "embed" else config.vocab_size
+    assert sum(output.nbytes for output in outputs) == BATCH * floats * 4
     assert sequence_outputs(task) == ()  # per-input rows: the batcher does not cut them to a length
 
 
@@ -96,14 +96,19 @@ def test_a_bundle_with_other_outputs_is_refused_with_how_to_re_export(
 
 
 def test_manifests_list_their_outputs_and_other_tasks_read_without(tmp_path: Path) -> None:
-    written = BundleManifest.read(manifest_file(tmp_path / "embed", "embed", ["sentence_embedding"]))
-    assert written.outputs == ["sentence_embedding"] and written.output_names == ("sentence_embedding",)
+    names = ["pooled_embedding", "normalized_embedding"]
+    written = BundleManifest.read(manifest_file(tmp_path / "embed", "embed", names))
+    assert written.outputs == names and written.output_names == tuple(names)
     older = BundleManifest.read(manifest_file(tmp_path / "classify", "classify", None))  # unchanged outputs
     assert older.outputs == ["logits"]
 
 
 @pytest.mark.parametrize(
-    ("task", "expected"), [("embed", [("sentence_embedding", [-1])]), ("fill-mask", [("mask_logits", [-1, -1])])]
+    ("task", "expected"),
+    [
+        ("embed", [("pooled_embedding", [-1]), ("normalized_embedding", [-1])]),
+        ("fill-mask", [("mask_logits", [-1, -1])]),
+    ],
 )
 def test_triton_config_declares_the_encoder_outputs(task: str, expected: list, tmp_path: Path) -> None:
     manifest = BundleManifest(

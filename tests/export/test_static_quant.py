@@ -142,6 +142,7 @@ def test_kept_float_scopes_match_every_graph_kind(task: str, tmp_path: Path) -> 
     from bert_model.modeling import BertModel
     from export.bundle import build_graphs
     from export.static_quant import KEPT_FLOAT
+    from export.wrapper import GraphOptions
     from tests.export.conftest import tiny_config
 
     models = {
@@ -154,7 +155,7 @@ def test_kept_float_scopes_match_every_graph_kind(task: str, tmp_path: Path) -> 
     torch.manual_seed(0)
     config = tiny_config(num_hidden_layers=3, id2label={0: "O", 1: "B-PER", 2: "I-PER"})
     model = models[task](config).eval()
-    raw, _, _, _ = build_graphs(model, task, tmp_path)
+    raw, _, _, _ = build_graphs(model, task, tmp_path, GraphOptions(mask_token_id=4))  # the tiny vocab's [MASK]
     matmuls = [node.name for node in onnx.load(str(raw)).graph.node if node.op_type in ("MatMul", "Gemm")]
     quantized = [name for name in matmuls if not any(re.match(pattern, name) for pattern in KEPT_FLOAT)]
     layer = r"/model/(bert/)?encoder/layer\.\d/"

@@ -50,14 +50,15 @@ def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
 
 
 def _reference(bundle: Path, texts: list[str], *, normalize: bool = True) -> np.ndarray:
-    """Embeddings computed here, one text per ONNX Runtime call: tokenizer -> graph (which mean-pools) -> L2."""
+    """Embeddings computed here, one text per ONNX Runtime call: tokenizer -> graph (its mean-pooled vector) -> L2
+    normalization in numpy."""
     import onnxruntime as ort
 
     tokenizer = BertTokenizer.from_pretrained(bundle / "tokenizer")
     session = ort.InferenceSession(str(bundle / "cpu-fp32.onnx"), providers=["CPUExecutionProvider"])
     vectors = []
     for text in texts:
-        (pooled,) = session.run(["sentence_embedding"], tokenizer([text]))
+        (pooled,) = session.run(["pooled_embedding"], tokenizer([text]))
         vectors.append(pooled[0])
     return l2_normalize(np.stack(vectors)) if normalize else np.stack(vectors)
 

@@ -68,16 +68,18 @@ def test_unknown_pooling_and_bad_shapes_are_refused() -> None:
 
 def test_postprocess_one_vector_per_request_in_order() -> None:
     states, mask = _states()
-    pooled = pool(states, mask, "mean")  # what a bundle's graph outputs: (B, H)
+    pooled = pool(states, mask, "mean")  # what a bundle's graph outputs: (B, H), and its normalized copy
     features = [Feature(request_index=i, input_ids=[1] * int(mask[i].sum()), token_type_ids=[0]) for i in (2, 0)]
     rows = [pooled[2], pooled[0]]
-    out = embedding_postprocess(features, rows, normalize=True)
+    out = embedding_postprocess(features, rows, normalize=True)  # normalized here
     assert sorted(out) == [0, 2]
     np.testing.assert_allclose(out[2], l2_normalize(pooled[2:3])[0], rtol=1e-6)
-    raw = embedding_postprocess(features, rows, normalize=False)
+    marked = [np.full(8, 0.5, np.float32), np.full(8, 0.25, np.float32)]  # the graph's normalized rows, as given
+    assert embedding_postprocess(features, rows, marked) == {2: [0.5] * 8, 0: [0.25] * 8}
+    raw = embedding_postprocess(features, rows, marked, normalize=False)
     np.testing.assert_array_equal(raw[0], pooled[0])
-    cut = embedding_postprocess(features, rows, normalize=False, dimensions=4)
+    cut = embedding_postprocess(features, rows, marked, dimensions=4)  # from the pooled vector
     assert len(cut[0]) == 4
     np.testing.assert_allclose(cut[0], l2_normalize(pooled[0, :4]), rtol=1e-6)
-    with pytest.raises(ValueError, match=r"rows must be \(hidden,\) vectors, got shape \(6, 8\)"):
+    with pytest.raises(ValueError, match=r"embedding rows must be \(hidden,\) vectors, got shape \(6, 8\)"):
         embedding_postprocess(features[:1], [states[2]])
