@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from service.errors import InvalidInput, ServiceError, grpc_status
+from service.errors import Internal, InvalidInput, ServiceError, grpc_status
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
 from service.inference import InferenceService, Outcome
@@ -127,8 +127,8 @@ class _Base:
             status = "CANCELLED"
             raise
         except Exception:  # a bug must not leak as UNKNOWN with a traceback
-            log.exception("unexpected error in %s", route)
-            internal = ServiceError("internal error (logged on the server)")
+            internal = Internal(f"internal error in {route}")
+            log.exception("unexpected error in %s", route, extra={"error_id": internal.error_id})
             status = grpc_status(internal).name
             await abort(context, internal)
         finally:
