@@ -90,14 +90,14 @@ $(TRITON_STAMP):
 
 # Service overhead at low load and throughput with batching on vs off (under the shared CPU lock).
 bench-service: install proto
-	flock /tmp/bertserve-cpu.lock $(PY) -m service.bench $(BENCH_ARGS)
+	flock /tmp/bertserve-cpu.lock $(PY) -m bertserve.benchmarks.service $(BENCH_ARGS)
 
 # Real batches padded to multiples of 1 / 8 / 16 / 32, per CPU variant of minilm-sst2 and minilm-squad
 # (artifacts/bench/widths-<bundle>.{json,md}); needs the bundles (make bundles) and the data sets.
 .PHONY: bench-widths
 bench-widths: install
-	$(CPU_LOCK) $(PY) -m service.width_bench $(BUNDLES_DIR)/minilm-sst2 --data $(SST2_DEV) $(BENCH_ARGS)
-	$(CPU_LOCK) $(PY) -m service.width_bench $(BUNDLES_DIR)/minilm-squad --data $(SQUAD_DEV) $(BENCH_ARGS)
+	$(CPU_LOCK) $(PY) -m bertserve.benchmarks.widths $(BUNDLES_DIR)/minilm-sst2 --data $(SST2_DEV) $(BENCH_ARGS)
+	$(CPU_LOCK) $(PY) -m bertserve.benchmarks.widths $(BUNDLES_DIR)/minilm-squad --data $(SQUAD_DEV) $(BENCH_ARGS)
 
 # ---- playground -------------------------------------------------------------------------------------------
 .PHONY: browser-deps playground-screenshots
@@ -152,7 +152,7 @@ bench: install
 # stops at once (exit 2).
 .PHONY: bench-gpu
 bench-gpu: install proto
-	$(PY) -m bertserve.bench_gpu --bundles-dir $(BUNDLES_DIR) --out artifacts/bench $(BENCH_ARGS)
+	$(PY) -m bertserve.benchmarks.gpu --bundles-dir $(BUNDLES_DIR) --out artifacts/bench $(BENCH_ARGS)
 
 # ---- load tests -------------------------------------------------------------------------------------------
 .PHONY: loadtest loadtest-acceptance loadtest-hostile
@@ -228,7 +228,7 @@ pretrain-demo: install $(PRETRAIN_DIR)/data/meta.json
 
 # Sequences/s of `mini` training steps, fp32 vs bf16 autocast, and a BERT-base GPU projection.
 bench-pretrain: install
-	OMP_WAIT_POLICY=PASSIVE $(CPU_LOCK) $(PY) -m bert_model.pretraining.bench $(BENCH_PRETRAIN_ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(CPU_LOCK) $(PY) -m bertserve.benchmarks.pretraining $(BENCH_PRETRAIN_ARGS)
 
 # ---- containers ------------------------------------------------------------------------------------------
 # `docker compose up -d --wait` needs nothing but Docker: the api image exports the default models in a build

@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bert_model.pretraining.cli",
     "bert_model.finetuning.cli",
     "export.cli",
+    "bertserve.benchmarks.cli",
     "service.cli",
     "loadtests.cli",
     "loadtests.retrieval_eval",

@@ -33,7 +33,6 @@ def unimportable(image: str) -> tuple[str, ...]:
 
 
 SKIPPED = {
-    "service.bench": "a development benchmark (make bench-service) that needs the dev extra's httpx",
     "loadtests.naive_server": "the naive peer serves through transformers and torch on the host only",
 }
 

@@ -1,5 +1,5 @@
-"""PyTorch -> ONNX -> optimized / quantized ONNX serving bundles, parity guards, Triton repository, benchmark.
+"""PyTorch -> ONNX -> optimized / quantized ONNX serving bundles, parity guards, Triton repository.
 
-Entry points: `export.bundle.build_bundle` (the Python API), `export.triton.write_triton_repository`,
-`export.bench.run_benchmark`, and the `bertserve export` / `bertserve bench-model` commands (export/cli.py).
+Entry points: `export.bundle.build_bundle` (the Python API), `export.triton.write_triton_repository`, and the
+`bertserve export` command (export/cli.py). The model benchmark is `bertserve.benchmarks.model`.
 """

@@ -1,4 +1,4 @@
-"""`python -m export ...`: the export stage's subcommands alone (`export`, `bench-model`).
+"""`python -m export ...`: the export stage's subcommand alone (`export`).
 
 The serving image's bundle stage runs this: it needs only bert_model/ and export/, so changes to the service's
 sources do not invalidate the image layer that exports the default models.

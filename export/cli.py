@@ -1,4 +1,4 @@
-"""`bertserve export` and `bertserve bench-model`: the export stage's subcommands (torch is imported lazily)."""
+"""`bertserve export`: the export stage's subcommand (torch is imported lazily)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,9 @@ import typer
 from bert_model.cli_errors import exit_on_user_error
 from export.variant_names import DEFAULT_VARIANTS
 
-DEFAULT_BENCH_OUT = Path("artifacts/bench")
-
 
 def register(app: typer.Typer) -> None:
     app.command("export")(export_command)
-    app.command("bench-model")(bench_model_command)
 
 
 def export_command(
@@ -81,33 +78,3 @@ def export_command(
 
             folder = write_triton_repository(result.path, triton_repo, TritonOptions(gpu=triton_gpu))
             typer.echo(f"wrote Triton model {folder}")
-
-
-def bench_model_command(
-    bundle_or_model: Annotated[
-        str, typer.Argument(help="A serving bundle, or a model (a bundle with every variant is exported first).")
-    ],
-    out: Annotated[Path, typer.Option(help="Folder for bench-model.json and bench-model.md.")] = DEFAULT_BENCH_OUT,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds per shape (halved for batch 16).")] = 20,
-    variants: Annotated[str | None, typer.Option(help="Only these bundle variants (comma-separated).")] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="Real data folder (default ../shared/data).")] = None,
-) -> None:
-    """Benchmark PyTorch, transformers and every ONNX variant side by side (run under the CPU lock)."""
-    import tempfile
-
-    with exit_on_user_error():
-        from bert_model.tasks.spec import MANIFEST_FILE
-        from export.bench import run_benchmark
-        from export.bundle import DEFAULT_DATA_DIR, build_bundle
-        from export.variants import RECIPES
-
-        if rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {rounds}")
-        data = data_dir or DEFAULT_DATA_DIR
-        chosen = [v.strip() for v in variants.split(",")] if variants else None
-        if (Path(bundle_or_model) / MANIFEST_FILE).is_file():
-            run_benchmark(Path(bundle_or_model), out, rounds=rounds, variants=chosen, data_dir=data, log=typer.echo)
-            return
-        with tempfile.TemporaryDirectory(prefix="bench-bundle-") as scratch:
-            bundle = build_bundle(bundle_or_model, Path(scratch) / "bundle", variants=chosen or list(RECIPES))
-            run_benchmark(bundle.path, out, rounds=rounds, data_dir=data, log=typer.echo)

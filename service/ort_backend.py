@@ -136,8 +136,8 @@ def _rank(precision: str) -> int:
 OPENVINO_WIDTH_MULTIPLE = 16
 """Batch width multiple for OpenVINO variants: its CPU kernels run a width that is a multiple of 16 faster than the
 widths just below it, so padding up to the next multiple pays (1.09-1.14x on batches of real SST-2 sentences, about
-even on QA windows: `python -m service.width_bench`, README "Batch widths"). ONNX Runtime's CPU kernels pay for
-every padded column, so its variants pad to the longest row."""
+even on QA windows: `python -m bertserve.benchmarks.widths`, docs/benchmarks.md "Batch widths"). ONNX Runtime's
+CPU kernels pay for every padded column, so its variants pad to the longest row."""
 
 
 class OrtBackend:

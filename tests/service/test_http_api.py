@@ -347,11 +347,11 @@ def test_request_id_and_caller_deadline(client: httpx.Client) -> None:
 
 
 def test_bench_clients_drive_the_real_server(server: ServerProcess) -> None:
-    # service.bench's aiohttp clients: sequential calls carry the backend's own time; the closed loop keeps
-    # `concurrency` requests in flight and counts each answer once, by status
+    # bertserve.benchmarks.service's aiohttp clients: sequential calls carry the backend's own time; the closed loop
+    # keeps `concurrency` requests in flight and counts each answer once, by status
     import asyncio
 
-    from service.bench import _closed_loop, _sequential
+    from bertserve.benchmarks.service import _closed_loop, _sequential
 
     texts = ["a gripping film", "dull", "an utterly forgettable and overlong second act"]
     total, backend = asyncio.run(_sequential(server.url, texts, requests=5))

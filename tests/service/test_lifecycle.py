@@ -26,7 +26,7 @@ def test_service_imports_no_torch() -> None:
     code = (
         "import sys\n"
         "import service.cli, service.runner, service.http_api, service.grpc_api.server, service.inference\n"
-        "import service.ort_backend, service.triton_backend, service.bench, service.healthcheck\n"
+        "import service.ort_backend, service.triton_backend, service.healthcheck, bertserve.benchmarks.service\n"
         "from service.http_api import create_app\n"
         "create_app()\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'onnx'))\n"

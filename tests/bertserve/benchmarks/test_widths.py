@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bert_model.tasks.features import Feature
+from bertserve.benchmarks.widths import cut_batches, main, read_features
 from service.bundles import open_bundle
-from service.width_bench import cut_batches, main, read_features
 from tests.service.tiny_bundles import with_openvino_variant
 
 SENTENCES = [
@@ -45,8 +45,8 @@ def test_report_pads_every_batch_to_each_multiple(tiny_bundles: dict[str, Path],
     folder = with_openvino_variant(tiny_bundles["classify"], tmp_path)
     data = _data(tmp_path)
     out = tmp_path / "out"
-    code = main([str(folder), "--data", str(data), "--rounds", "1", "--limit", "24", "--group", "8", "--out", str(out)])
-    assert code == 0
+    argv = [str(folder), "--data", str(data), "--rounds", "1", "--limit", "24", "--group", "8", "--out", str(out)]
+    assert main(argv) == 0
     report = json.loads((out / f"widths-{folder.name}.json").read_text())
     markdown = (out / f"widths-{folder.name}.md").read_text()
     assert set(report["results"]) == {"cpu-fp32", "openvino-fp32"}
@@ -62,7 +62,9 @@ def test_report_pads_every_batch_to_each_multiple(tiny_bundles: dict[str, Path],
             assert figures["padded_tokens"] == expected
             assert figures["median_ms_per_batch"] > 0
         assert f"| {variant} |" in markdown
-    assert "Machine:" in markdown
+    command = "python -m bertserve.benchmarks.widths " + " ".join(argv)
+    assert report["provenance"]["command"] == command and report["provenance"]["cpu"]["cores"] >= 1
+    assert markdown.startswith("Measured ") and f" by `{command}`." in markdown.splitlines()[0]
 
 
 def test_qa_features_are_the_models_windows(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
@@ -97,6 +99,6 @@ def test_bad_input_is_one_line_and_exit_2(
     assert not (tmp_path / "out").exists()
 
 
-def test_encoder_bundles_are_refused(encoder_bundles: dict[str, Path], tmp_path: Path) -> None:
+def test_encoder_bundles_are_refused(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="'embed' bundle"):
-        read_features(open_bundle(encoder_bundles["embed"]), _data(tmp_path), 5)
+        read_features(open_bundle(tiny_bundles["embed"]), _data(tmp_path), 5)

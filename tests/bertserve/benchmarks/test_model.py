@@ -1,4 +1,4 @@
-"""`bertserve export` / `bench-model` through the CLI, and the benchmark's FLOP and peak arithmetic."""
+"""`bertserve bench-model` through the CLI on a tiny bundle, the benchmark's FLOP and peak arithmetic, its report."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bert_model.config import BertConfig
-from export.bench import cpu_peak, forward_flops, machine_line
-from export.cli import register
+from bertserve.benchmarks.cli import register
+from bertserve.benchmarks.model import cpu_peak, forward_flops, machine_line
 
 CPUINFO = "model name\t: Test CPU\ncpu MHz\t\t: 2500.000\nflags\t\t: fpu avx2 fma avx512f avx512_bf16 avx512_vnni\n"
 
@@ -29,74 +29,10 @@ def cli() -> tuple[CliRunner, object]:
     return CliRunner(), app
 
 
-def test_export_command_writes_bundle_and_triton_repo(cli: tuple, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+def test_bench_model_on_a_bundle(cli: tuple, exported_bundle: Path, tmp_path: Path) -> None:
     runner, app = cli
-    result = runner.invoke(
-        app,
-        [
-            "export",
-            str(tiny_models["classify"]),
-            "--out",
-            str(tmp_path / "b"),
-            "--variants",
-            "cpu-fp32,cpu-int8",
-            "--max-seq-len",
-            "64",
-            "--data-dir",
-            str(tmp_path),
-            "--triton-repo",
-            str(tmp_path / "repo"),
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    assert "cpu-int8: cpu-int8.onnx int8" in result.output
-    assert (tmp_path / "repo" / "b" / "config.pbtxt").is_file()
-    assert json.loads((tmp_path / "b" / "manifest.json").read_text())["max_seq_length"] == 64
-
-
-def test_export_command_user_errors_are_one_line(cli: tuple, tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    runner, app = cli
-    result = runner.invoke(
-        app, ["export", str(tiny_models["classify"]), "--out", str(tmp_path / "b"), "--variants", "cpu-int4"]
-    )
-    assert result.exit_code == 2
-    assert "error: unknown variant 'cpu-int4'" in result.output
-    assert not (tmp_path / "b").exists()
-
-
-def test_export_command_takes_an_eval_set_and_a_guard_limit(
-    cli: tuple, tiny_models: dict[str, Path], tmp_path: Path
-) -> None:
-    from tests.export.test_task_guard import squad_file
-
-    runner, app = cli
-    data = squad_file(tmp_path)
-    command = ["export", str(tiny_models["qa"]), "--out", str(tmp_path / "b"), "--variants", "cpu-fp32,gpu-fp16"]
-    result = runner.invoke(app, [*command, "--max-seq-len", "64", "--eval-data", str(data), "--guard-limit", "4"])
-    assert result.exit_code == 0, result.output
-    assert f"guard: eval-set on 4 examples of {data}" in result.output
-    assert "'metric': 'squad_f1'" in result.output
-    missing = runner.invoke(app, [*command, "--eval-data", str(tmp_path / "none.json")])
-    assert missing.exit_code != 0 and "none.json does not exist" in missing.output
-
-
-def test_bench_model_on_a_bundle(cli: tuple, tiny_bundle: Path, tmp_path: Path) -> None:
-    runner, app = cli
-    result = runner.invoke(
-        app,
-        [
-            "bench-model",
-            str(tiny_bundle),
-            "--out",
-            str(tmp_path),
-            "--rounds",
-            "1",
-            "--variants",
-            "cpu-int8",
-            "--data-dir",
-            str(tmp_path),
-        ],
-    )
+    args = [str(exported_bundle), "--out", str(tmp_path), "--rounds", "1", "--variants", "cpu-int8"]
+    result = runner.invoke(app, ["bench-model", *args, "--data-dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "bench-model.json").read_text())
     runners = {row["runner"] for row in report["rows"]}
@@ -115,7 +51,11 @@ def test_bench_model_on_a_bundle(cli: tuple, tiny_bundle: Path, tmp_path: Path) 
     for p in probes:
         assert p["fp32_gflops"] > 0 and p["bf16_gflops"] > 0
         assert p["bf16_over_fp32"] == pytest.approx(p["bf16_gflops"] / p["fp32_gflops"])
-    assert "Matrix-unit probe (4 times during the run" in (tmp_path / "bench-model.md").read_text()
+    markdown = (tmp_path / "bench-model.md").read_text()
+    assert "Matrix-unit probe (4 times during the run" in markdown
+    command = f"bertserve bench-model {' '.join(args)} --data-dir {tmp_path}"
+    assert report["provenance"]["command"] == command
+    assert markdown.startswith("Measured ") and markdown.splitlines()[0].endswith(f" by `{command}`.")
 
 
 def test_forward_flops_matches_a_hand_count() -> None:
@@ -157,7 +97,7 @@ def test_cpu_peak_of_an_epyc_zen4_uses_its_256_bit_datapaths() -> None:
 
 
 def test_probe_sentence_gives_the_spread_of_the_matrix_unit_rates() -> None:
-    from export.bench import probe_sentence
+    from bertserve.benchmarks.model import probe_sentence
 
     probes = [
         {"when": "before 1 × 128", "fp32_gflops": 233.0, "bf16_gflops": 1110.0, "bf16_over_fp32": 1110 / 233},
@@ -169,12 +109,19 @@ def test_probe_sentence_gives_the_spread_of_the_matrix_unit_rates() -> None:
 
 
 def test_bench_report_names_the_machine(tmp_path: Path) -> None:
-    from export.bench import Row, write_report
+    from bert_model.hardware import read_cpu_info
+    from bertserve.benchmarks.model import Row, save_report
+    from bertserve.benchmarks.report import provenance
     from tests.bert_model.test_hardware import EPYC_ZEN4
 
     row = Row("cpu-int8 (ONNX Runtime CPU)", 1, 128, 5.0, 200.0, 3.0, 500.0, 1.0, 0.5)
-    json_path, md_path = write_report([row], cpu_peak(EPYC_ZEN4, cores=2), {"model": "m"}, tmp_path)
+    origin = provenance("bertserve bench-model m", cpu=read_cpu_info(EPYC_ZEN4, cores=2))
+    json_path, md_path = save_report([row], cpu_peak(EPYC_ZEN4, cores=2), {"model": "m"}, tmp_path, origin)
+    assert (json_path.name, md_path.name) == ("bench-model.json", "bench-model.md")
     cpu = json.loads(json_path.read_text())["cpu"]
     assert cpu["model_name"] == "AMD EPYC 9454 48-Core Processor" and cpu["int8_per_cycle"] == 128
     assert cpu["cpu"]["features"]["avx512_vnni"] and not cpu["cpu"]["features"]["amx_int8"]
-    assert "AMD EPYC 9454 48-Core Processor (Zen 4), 2 cores" in md_path.read_text()
+    text = md_path.read_text()
+    assert "AMD EPYC 9454 48-Core Processor (Zen 4), 2 cores" in text.splitlines()[0]
+    assert "On 2 cores at 2.75 GHz nominal: peak fp32 176 GFLOP/s, bf16 352, int8 704 GOP/s" in text
+    assert "| cpu-int8 (ONNX Runtime CPU) | 1 × 128 | 5.0 |" in text

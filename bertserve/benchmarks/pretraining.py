@@ -1,8 +1,9 @@
 """Pretraining throughput: sequences/s of full training steps (forward, backward, AdamW) in fp32 and in bf16
 autocast, the FLOP rate that implies, and a projection for BERT-base on one GPU from a stated FLOP rate.
 
-Run: `python -m bert_model.pretraining.bench [--config mini] [--seq-length 128] [--batch-size 32]`
-(`make bench-pretrain`). On a shared machine take the CPU lock first: `flock /tmp/bertserve-cpu.lock make ...`.
+Run: `python -m bertserve.benchmarks.pretraining [--config mini] [--seq-length 128] [--batch-size 32] [--json PATH]`
+(`make bench-pretrain`, under the shared CPU lock). The report (`report.render`, and `report.report_json` for
+`--json`) names the date, the machine and the command.
 
 FLOPs per training sequence are counted analytically (Kaplan et al. 2020, section 2.1; Narayanan et al. 2021,
 appendix): per token and layer 8·H² (Q, K, V, output projections) + 4·H·I (feed-forward) + 4·S·H (attention
@@ -15,7 +16,6 @@ both printed and settable) by the FLOPs of a BERT-base sequence: it is an estima
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -26,6 +26,7 @@ import torch
 
 from bert_model.config import PRESETS, BertConfig
 from bert_model.heads import BertForPreTraining
+from bertserve.benchmarks.report import command_line, provenance, render, report_json
 
 # NVIDIA A100 SXM4 datasheet: 312 TFLOP/s dense BF16 tensor-core peak. Published BERT pretraining runs reach
 # roughly 40-50% of peak (model FLOP utilisation); 40% is the default assumption.
@@ -129,26 +130,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _print_report(report: dict[str, Any]) -> None:
-    print(
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
         f"# {report['config']} (vocab {report['vocab_size']}), batch {report['batch_size']} x {report['seq_length']} "
         f"tokens, {report['cpu_threads']} CPU threads, {report['gflop_per_training_sequence']:.2f} GFLOP/sequence, "
-        f"load average {report['load_average_1min_after']:.1f}"
-    )
-    print("| precision | sequences/s | ms/step | achieved GFLOP/s |")
-    print("|---|---|---|---|")
+        f"load average {report['load_average_1min_after']:.1f}",
+        "| precision | sequences/s | ms/step | achieved GFLOP/s |",
+        "|---|---|---|---|",
+    ]
     for r in report["results"]:
-        print(
+        lines.append(
             f"| {r['precision']} | {r['sequences_per_s']:.1f} | {r['ms_per_step']:.0f} | {r['achieved_gflops']:.0f} |"
         )
-    print(f"bf16 autocast speed-up: {report['bf16_speedup']:.2f}x")
+    lines.append(f"bf16 autocast speed-up: {report['bf16_speedup']:.2f}x")
     p = report["projection"]
-    print(
+    lines.append(
         f"\nProjection, {p['model']}, {report['seq_length']} tokens: {p['gflop_per_training_sequence']:.1f} "
         f"GFLOP/sequence.\n  {p['gpu']}: {p['gpu_peak_tflops']:.0f} TFLOP/s bf16 peak (datasheet) x "
         f"{p['assumed_utilisation']:.0%} assumed utilisation -> {p['sequences_per_s']:.0f} sequences/s.\n"
         f"  This CPU at its measured bf16 rate: {p['cpu_sequences_per_s_at_measured_bf16_rate']:.2f} sequences/s."
     )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,11 +166,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-utilisation", type=float, default=DEFAULT_GPU_UTILISATION)
     parser.add_argument("--json", dest="json_path", help="also write the report as JSON here")
     args = parser.parse_args(argv)
+    origin = provenance(command_line("python -m bertserve.benchmarks.pretraining", argv))
     report = run(args)
-    _print_report(report)
+    print(render(origin, markdown(report)), end="")
     if args.json_path:
         with open(args.json_path, "w") as handle:
-            json.dump(report, handle, indent=2)
+            handle.write(report_json(origin, report))
 
 
 if __name__ == "__main__":

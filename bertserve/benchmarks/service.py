@@ -1,6 +1,6 @@
 """Service benchmark: overhead at low load, and throughput at N concurrent clients with batching on vs off.
 
-    python -m service.bench [--models artifacts/bundles/minilm-sst2] [--concurrency 32] [--duration 20]
+    python -m bertserve.benchmarks.service [--models artifacts/bundles/minilm-sst2] [--concurrency 32] [--duration 20]
     make bench-service            # the same, under the shared CPU lock
 
 Starts the real server (`bertserve serve`, a subprocess) once per mode on free local ports, and drives it over
@@ -10,15 +10,14 @@ HTTP (aiohttp) and gRPC (generated stubs) from this process:
 - throughput: `--concurrency` clients in closed loops for `--duration` seconds, batching on, then off
   (`--no-batching`: one sequence per backend call); requests/s, p50/p99 latency, mean batch size.
 Texts are SST-2 dev sentences from ../shared/data when present, else built-in sentences. Torch-free.
-Results: a JSON file and a Markdown table (default artifacts/bench/service.{json,md}), both naming the machine:
-CPU model, cores and the int8 / bf16 features (`bert_model.hardware`).
+Results: a JSON file and a Markdown table (default artifacts/bench/service.{json,md}) by `report.write_report`,
+which names the date, the machine (CPU model, cores, int8 / bf16 features) and the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import signal
@@ -32,9 +31,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bert_model.hardware import read_cpu_info
+from bertserve.benchmarks.report import command_line, provenance, render, write_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SST2_DEV = REPO.parent / "shared" / "data" / "sst2" / "dev.half-a.tsv"
 FALLBACK_TEXTS = [
     "a gripping, beautifully acted film",
@@ -205,7 +204,6 @@ def run(models: str, concurrency: int, duration: float, requests: int, workdir: 
         "duration_s": duration,
         "texts": "sst2/dev.half-a.tsv" if SST2_DEV.is_file() else "built-in",
         "cpu_count": os.cpu_count(),
-        "cpu": read_cpu_info().describe(),
     }
     for mode, extra in (("batching_on", ["--batching"]), ("batching_off", ["--no-batching"])):
         server = Server(models, extra, workdir / f"server-{mode}.log")
@@ -221,22 +219,10 @@ def run(models: str, concurrency: int, duration: float, requests: int, workdir: 
     return report
 
 
-def machine_summary(cpu: dict[str, Any]) -> str:
-    """The CPU of a report (`CpuInfo.describe()`) in one line: model, code name, cores, features."""
-    arch = f" ({cpu['microarchitecture']})" if cpu.get("microarchitecture") else ""
-    features = ", ".join(name for name, present in cpu.get("features", {}).items() if present) or "none"
-    return (
-        f"{cpu.get('model_name') or 'unknown CPU'}{arch}, {cpu.get('cores', '?')} usable cores, "
-        f"{cpu.get('matrix_family', '?')} (features: {features})"
-    )
-
-
 def markdown(report: dict[str, Any]) -> str:
     low, on, off = report["low_load"], report["batching_on"], report["batching_off"]
     lines = [
         f"Service benchmark: {report['models']}, {report['cpu_count']} CPUs, texts: {report['texts']}",
-        "",
-        f"Machine: {machine_summary(report.get('cpu', {}))}",
         "",
         "| low load (sequential) | end-to-end p50 ms | backend p50 ms | overhead p50 ms |",
         "|---|---|---|---|",
@@ -269,12 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="Folder for service.{json,md}.")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    print(f"Machine: {machine_summary(read_cpu_info().describe())}", flush=True)
+    origin = provenance(command_line("python -m bertserve.benchmarks.service", argv))
+    print(f"Machine: {origin.machine}", flush=True)
     report = run(args.models, args.concurrency, args.duration, args.requests, args.out)
-    (args.out / "service.json").write_text(json.dumps(report, indent=2) + "\n")
-    table = markdown(report)
-    (args.out / "service.md").write_text(table)
-    print(table)
+    write_report(args.out, "service", origin, report, markdown(report))
+    print(render(origin, markdown(report)))
     return 0
 
 

@@ -1,7 +1,8 @@
 """Batch-width benchmark: how fast a bundle's CPU variants run real batches padded to multiples of 1, 8, 16, 32.
 
-    python -m service.width_bench artifacts/bundles/minilm-sst2 --data ../shared/data/sst2/dev.half-a.tsv
-    python -m service.width_bench artifacts/bundles/minilm-squad --data ../shared/data/squad_v1.1/dev-v1.1.half-a.json
+    python -m bertserve.benchmarks.widths artifacts/bundles/minilm-sst2 --data ../shared/data/sst2/dev.half-a.tsv
+    python -m bertserve.benchmarks.widths artifacts/bundles/minilm-squad \
+        --data ../shared/data/squad_v1.1/dev-v1.1.half-a.json
     make bench-widths             # both, under the shared CPU lock
 
 The batcher pads each batch to its longest sequence rounded up to the backend's `width_multiple`
@@ -12,7 +13,8 @@ the batcher cuts its length-sorted queue under load. Each variant is loaded as t
 (`OrtBackend`, one stream, `--threads`); every pass runs all batches once at one multiple, the multiples taking
 turns in interleaved rounds (order reversed every other round); per multiple the median pass over `--rounds`
 rounds, and its ratio to multiple 1 (the longest row) from the same rounds. Torch-free.
-Results: a JSON file and a Markdown table (default artifacts/bench/widths-<bundle>.{json,md}) naming the machine.
+Results: a JSON file and a Markdown table (default artifacts/bench/widths-<bundle>.{json,md}) by
+`report.write_report`, which names the date, the machine and the command.
 Data: classify a classification file (TSV / CSV / JSONL with a text column, or `.txt`: one text per line), qa
 SQuAD JSON, ner a CoNLL file (its words joined by spaces).
 """
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -30,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from bert_model.hardware import read_cpu_info
 from bert_model.tasks.features import Feature, collate, padded_width
 from bert_model.tasks.readers import read_conll, read_squad, read_text_dataset
+from bertserve.benchmarks.report import command_line, provenance, render, write_report
 from service.bundles import ServingBundle, open_bundle
 from service.errors import ServiceError
 from service.ort_backend import CPU_RUNTIMES, OrtBackend, runnable
@@ -137,7 +138,6 @@ def run(
         ]
         for multiple in multiples
     }
-    cpu = read_cpu_info()
     results = {}
     for variant in chosen:
         passes = asyncio.run(time_variant(bundle, variant, feeds, rounds, threads))
@@ -161,8 +161,6 @@ def run(
         "group": group,
         "rounds": rounds,
         "threads": threads,
-        "machine": cpu.summary(),
-        "cpu": cpu.describe(),
         "results": results,
     }
 
@@ -174,8 +172,6 @@ def markdown(report: dict[str, Any]) -> str:
         f"({report['real_tokens'] / report['features']:.1f} tokens on average) in {report['batches']} batches of "
         f"at most {report['batch_size']} (length-sorted groups of {report['group']}), {report['threads']} threads, "
         f"median of {report['rounds']} interleaved rounds",
-        "",
-        f"Machine: {report['machine']}",
         "",
         "| variant | " + " | ".join(f"×{m}: ms / batch (vs ×1)" for m in multiples) + " |",
         "|---|" + "---:|" * len(multiples),
@@ -201,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"))
     args = parser.parse_args(argv)
+    origin = provenance(command_line("python -m bertserve.benchmarks.widths", argv))
     try:
         multiples = tuple(int(item) for item in args.multiples.split(",") if item.strip())
         if not multiples or min(multiples) < 1:
@@ -225,11 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     text = markdown(report)
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = f"widths-{args.bundle.resolve().name}"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(text)
-    print(text)
+    write_report(args.out, stem, origin, report, text)
+    print(render(origin, text))
     print(f"written: {args.out / stem}.json, .md")
     return 0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_without_cuda_it_stops_with_a_clear_message(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_without_cuda_it_stops_with_a_clear_message(tmp_path: Path) -> None:
         pytest.skip("this machine has CUDA: the benchmark would run")
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "-m", "bertserve.bench_gpu", "--out", str(out), "--bundles-dir", str(tmp_path / "b")],
+        [sys.executable, "-m", "bertserve.benchmarks.gpu", "--out", str(out), "--bundles-dir", str(tmp_path / "b")],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,5 +1,11 @@
 """`bench-model`: PyTorch, transformers and every exported variant, side by side in ONE process.
 
+    bertserve bench-model BUNDLE_OR_MODEL [--out artifacts/bench] [--rounds 20] [--variants a,b]
+    make bench                    # minilm-sst2, under the shared CPU lock
+
+Results: artifacts/bench/bench-model.{json,md} by `report.write_report` (date, machine, command), with this CPU's
+peaks and the matrix-unit probes of the run (`matmul_probe`).
+
 Method: all runners are built first; each shape is then measured in interleaved rounds (every runner takes one
 turn per round, in the same order) after warm-up calls. A turn is a short idle pause (so that one runtime's
 spinning worker threads never steal the next runner's cores), one untimed call (the runner's weights back in
@@ -28,7 +34,6 @@ norms and GELU in fp32 / bf16, so a BERT stays well below it (AMX most of all).
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -39,7 +44,9 @@ from typing import Any
 import numpy as np
 
 from bert_model.config import BertConfig
-from export import matmul_probe
+from bert_model.hardware import FEATURE_FLAGS, read_cpu_info
+from bertserve.benchmarks import matmul_probe
+from bertserve.benchmarks.report import Provenance, provenance, write_report
 
 SHAPES: tuple[tuple[int, int], ...] = ((1, 128), (16, 128), (1, 384))
 IDLE_PAUSE_S = 0.02
@@ -67,8 +74,6 @@ class CpuPeak:
 
 def cpu_peak(cpuinfo: str | None = None, cores: int | None = None) -> CpuPeak:
     """This CPU's theoretical peak per precision (see the module docstring for the figures and their sources)."""
-    from bert_model.hardware import FEATURE_FLAGS, read_cpu_info
-
     info = read_cpu_info(cpuinfo, cores)
     fp32, vector_basis = _fp32_per_cycle(info.has("avx512f"), info.has("fma"), info.microarchitecture == "Zen 4")
     if info.has("amx_bf16"):
@@ -248,13 +253,20 @@ def machine_line(peak: CpuPeak) -> str:
     features = ", ".join(name for name, present in cpu.get("features", {}).items() if present) or "none"
     return (
         f"CPU: {peak.model_name or 'unknown'}{arch}, {peak.cores} cores at {peak.ghz:.2f} GHz nominal, "
-        f"{cpu.get('matrix_family', '')} (features: {features}); peak fp32 {peak.peak('fp32') / 1e9:.0f} GFLOP/s, "
-        f"bf16 {peak.peak('bf16') / 1e9:.0f}, int8 {peak.peak('int8') / 1e9:.0f} GOP/s ({peak.basis})."
+        f"{cpu.get('matrix_family', '')} (features: {features}); {peaks(peak)}."
+    )
+
+
+def peaks(peak: CpuPeak) -> str:
+    """The peaks the figures are divided by: `peak fp32 176 GFLOP/s, bf16 352, int8 704 GOP/s (<basis>)`."""
+    return (
+        f"peak fp32 {peak.peak('fp32') / 1e9:.0f} GFLOP/s, bf16 {peak.peak('bf16') / 1e9:.0f}, "
+        f"int8 {peak.peak('int8') / 1e9:.0f} GOP/s ({peak.basis})"
     )
 
 
 def probe_sentence(probes: list[dict[str, Any]]) -> str:
-    """The matrix-unit probes of a run in one sentence (`export.matmul_probe`), or "" without probes."""
+    """The matrix-unit probes of a run in one sentence (`matmul_probe`), or "" without probes."""
     if not probes:
         return ""
     ratios = [float(p["bf16_over_fp32"]) for p in probes]
@@ -267,16 +279,14 @@ def probe_sentence(probes: list[dict[str, Any]]) -> str:
     )
 
 
-def write_report(rows: list[Row], peak: CpuPeak, meta: dict, out_dir: Path) -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / "bench-model.json"
-    md_path = out_dir / "bench-model.md"
-    json_path.write_text(json.dumps({"meta": meta, "cpu": asdict(peak), "rows": [asdict(r) for r in rows]}, indent=2))
+def save_report(rows: list[Row], peak: CpuPeak, meta: dict, out_dir: Path, origin: Provenance) -> tuple[Path, Path]:
+    """bench-model.json (meta, the CPU's peaks, the rows) and bench-model.md (the model, load, peaks, table)."""
     foreign = meta.get("foreign_cpu_fraction")
     load = f" Other processes used {100 * foreign:.0f}% of the CPU during the run." if foreign is not None else ""
-    header = f"Model: {meta.get('model')}.{load} {machine_line(peak)}{probe_sentence(meta.get('matmul_probe', []))}\n\n"
-    md_path.write_text(header + markdown_table(rows))
-    return json_path, md_path
+    on = f"On {peak.cores} cores at {peak.ghz:.2f} GHz nominal: {peaks(peak)}."
+    header = f"Model: {meta.get('model')}.{load} {on}{probe_sentence(meta.get('matmul_probe', []))}\n\n"
+    figures = {"meta": meta, "cpu": asdict(peak), "rows": [asdict(r) for r in rows]}
+    return write_report(out_dir, "bench-model", origin, figures, header + markdown_table(rows))
 
 
 # ---- building the runners -----------------------------------------------------------------------------------
@@ -385,8 +395,10 @@ def run_benchmark(
     data_dir: Path | None = None,
     threads: int | None = None,
     log: Callable[[str], None] = print,
+    command: str = "bertserve bench-model",
 ) -> list[Row]:
-    """Benchmark a bundle against its source PyTorch model; writes bench-model.json and .md into `out_dir`."""
+    """Benchmark a bundle against its source PyTorch model; writes bench-model.json and .md into `out_dir`
+    (`command`: the command line the report names)."""
     from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
     from export.runtime import cpu_threads
 
@@ -398,6 +410,7 @@ def run_benchmark(
     config = BertConfig.load(folder)
     runners = torch_runners(folder, manifest.task, threads) + variant_runners(bundle_dir, variants, threads)
     peak = cpu_peak(cores=threads)
+    origin = provenance(command, cpu=read_cpu_info(cores=threads))
     log(machine_line(peak))
     rows: list[Row] = []
     probes: list[dict[str, object]] = []
@@ -426,9 +439,8 @@ def run_benchmark(
         "threads": threads,
         "rounds": rounds,
         "method": "one process, interleaved rounds; per turn: 20 ms idle, 1 untimed + 3 timed calls; median",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "foreign_cpu_fraction": foreign.fraction,
         "matmul_probe": probes,
     }
-    write_report(rows, peak, meta, out_dir)
+    save_report(rows, peak, meta, out_dir, origin)
     return rows

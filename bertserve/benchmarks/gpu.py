@@ -1,7 +1,7 @@
 """`make bench-gpu`: the gpu-fp16 variant on ONNX Runtime's CUDA and TensorRT execution providers, and the
 service's throughput on the GPU; one JSON + Markdown table (default artifacts/bench/bench-gpu.{json,md}).
 
-    python -m bertserve.bench_gpu [--bundles-dir artifacts/bundles] [--out artifacts/bench] [--runs 200]
+    python -m bertserve.benchmarks.gpu [--bundles-dir artifacts/bundles] [--out artifacts/bench] [--runs 200]
 
 Needs a CUDA machine (onnxruntime-gpu with the CUDA provider, and TensorRT's libraries for that provider's row);
 without the CUDA provider it stops at once with exit code 2 and measures nothing.
@@ -14,8 +14,9 @@ without the CUDA provider it stops at once with exit code 2 and measures nothing
    length 128 / 384): inputs copied to the GPU once and bound with IO binding, outputs bound on the GPU, so a
    timed run is the graph alone; `--warmup` untimed runs first (TensorRT builds its engine for the shape there),
    then `--runs` timed runs: median and p99 milliseconds, sequences per second.
-3. The service (`service.bench`) serving minilm-sst2 on the GPU (`BERTSERVE_DEVICE=cuda`, batches of up to
-   64) at 32 concurrent clients: requests/s, p50 / p99, mean batch, with batching on and off.
+3. The service (`bertserve.benchmarks.service`) serving minilm-sst2 on the GPU (`BERTSERVE_DEVICE=cuda`, batches
+   of up to 64) at 32 concurrent clients: requests/s, p50 / p99, mean batch, with batching on and off.
+The report (`report.write_report`) names the date, the machine with its GPU, and the command.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bertserve.benchmarks.report import command_line, provenance, render, write_report
 
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
@@ -154,15 +157,15 @@ def bench_providers(bundles: dict[str, Path], warmup: int, runs: int, cache_dir:
 
 
 def bench_service(bundle: Path, out_dir: Path, duration: float) -> dict[str, Any]:
-    from service import bench
+    from bertserve.benchmarks import service
 
     os.environ.update(BERTSERVE_DEVICE="cuda", BERTSERVE_MAX_BATCH_SIZE="64")
-    return bench.run(str(bundle), 32, duration, 200, out_dir)
+    return service.run(str(bundle), 32, duration, 200, out_dir)
 
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        f"GPU benchmark, {report['created']}: {report['gpu']}; onnxruntime {report['onnxruntime']}.",
+        f"GPU benchmark: {report['gpu']}; onnxruntime {report['onnxruntime']}.",
         "",
         "| bundle | provider | batch × seq | median ms | p99 ms | seq/s |",
         "|---|---|---|---|---|---|",
@@ -218,10 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
 
     args.out.mkdir(parents=True, exist_ok=True)
+    gpu = gpu_name()
+    origin = provenance(command_line("python -m bertserve.benchmarks.gpu", argv), gpu=gpu)
     bundles = ensure_bundles(args.bundles_dir)
     report: dict[str, Any] = {
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "gpu": gpu_name(),
+        "gpu": gpu,
         "onnxruntime": ort.__version__,
         "warmup": args.warmup,
         "runs": args.runs,
@@ -229,10 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.no_service:
         report["service"] = bench_service(bundles["minilm-sst2"], args.out, args.service_duration)
-    (args.out / "bench-gpu.json").write_text(json.dumps(report, indent=2) + "\n")
     table = markdown(report)
-    (args.out / "bench-gpu.md").write_text(table)
-    print(table)
+    write_report(args.out, "bench-gpu", origin, report, table)
+    print(render(origin, table))
     return 0
 
 

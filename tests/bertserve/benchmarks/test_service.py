@@ -1,0 +1,55 @@
+"""The service benchmark's report, written by the one report writer: date, machine and command before the tables
+(no server is started here; its clients are tested against a real server in tests/service/test_http_api.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bert_model.hardware import read_cpu_info
+from bertserve.benchmarks.report import command_line, provenance, write_report
+from bertserve.benchmarks.service import markdown
+from tests.bert_model.test_hardware import AMX_XEON, EPYC_ZEN4
+
+ROW = {"requests_per_s": 100.0, "p50_ms": 10.0, "p99_ms": 20.0, "backend_calls": 10, "mean_batch_size": 4.0}
+
+
+def report() -> dict:
+    low = {f"{key}_{kind}p50_ms": 1.0 for key in ("rest", "grpc") for kind in ("", "backend_", "overhead_")}
+    return {
+        "models": "m",
+        "cpu_count": 2,
+        "texts": "built-in",
+        "low_load": low,
+        "concurrency": 32,
+        "duration_s": 20.0,
+        "batching_on": ROW,
+        "batching_off": ROW,
+        "throughput_gain": 1.0,
+    }
+
+
+def written(tmp_path: Path, cpuinfo: str) -> tuple[dict, str]:
+    command = command_line("python -m bertserve.benchmarks.service", ["--duration", "20"])
+    origin = provenance(command, cpu=read_cpu_info(cpuinfo, cores=2))
+    json_path, md_path = write_report(tmp_path, "service", origin, report(), markdown(report()))
+    assert (json_path.name, md_path.name) == ("service.json", "service.md")
+    return json.loads(json_path.read_text()), md_path.read_text()
+
+
+def test_report_names_an_amx_xeon_and_the_command(tmp_path: Path) -> None:
+    data, text = written(tmp_path, AMX_XEON)
+    first = text.splitlines()[0]
+    assert first.startswith("Measured ") and " UTC on INTEL(R) XEON(R) PLATINUM 8580 (Emerald Rapids), 2 cores" in first
+    assert "; AMX; features: amx_int8" in first
+    assert first.endswith(" by `python -m bertserve.benchmarks.service --duration 20`.")
+    assert "| batching on | 100.0 | 10.0 | 20.0 | 10 | 4.00 |" in text
+    assert data["provenance"]["command"] == "python -m bertserve.benchmarks.service --duration 20"
+    assert data["provenance"]["cpu"]["matrix_family"] == "AMX" and data["batching_on"] == ROW
+
+
+def test_report_names_an_epyc_zen4_without_amx(tmp_path: Path) -> None:
+    data, text = written(tmp_path, EPYC_ZEN4)
+    assert "AMD EPYC 9454 48-Core Processor (Zen 4), 2 cores at 2.75 GHz; AVX-512 VNNI (no AMX)" in text
+    assert "amx_int8" not in text and "avx512_vnni" in text
+    assert data["provenance"]["created"].endswith("Z") and data["provenance"]["cpu"]["microarchitecture"] == "Zen 4"
