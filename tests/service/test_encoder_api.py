@@ -153,16 +153,18 @@ def test_fill_mask_scores_are_over_the_whole_vocabulary_in_any_batch(http: httpx
     each alone; a target's score is its softmax over the whole vocabulary (the same as in the top-100 list)."""
     texts = ["I feel [MASK].", "The [MASK] sat on the [MASK].", "[MASK] and [MASK] or [MASK] then."]
     together = http.post("/fill-mask", json={"inputs": texts, "top_k": 100}).json()
+    def per_mask(result: list) -> list[list[dict]]:
+        return result if isinstance(result[0], list) else [result]  # one mask: one list of fills
+
     for text, fills in zip(texts, together, strict=True):
-        alone = http.post("/fill-mask", json={"inputs": text, "top_k": 100}).json()
-        alone = alone if isinstance(alone[0], list) else [alone]  # one mask: one list of fills
-        assert len(fills) == len(alone) == text.count("[MASK]")
-        for mask, reference in zip(fills, alone, strict=True):
+        alone = per_mask(http.post("/fill-mask", json={"inputs": text, "top_k": 100}).json())
+        assert len(per_mask(fills)) == len(alone) == text.count("[MASK]")
+        for mask, reference in zip(per_mask(fills), alone, strict=True):
             assert len(mask) == 100 and sum(fill["score"] for fill in mask) <= 1.0 + 1e-6
             assert [f["token"] for f in mask[:20]] == [f["token"] for f in reference[:20]]
             assert [f["sequence"] for f in mask[:20]] == [f["sequence"] for f in reference[:20]]
             np.testing.assert_allclose([f["score"] for f in mask], [f["score"] for f in reference], rtol=1e-4)
-    top = {fill["token_str"]: fill["score"] for fill in together[0][0]}
+    top = {fill["token_str"]: fill["score"] for fill in together[0]}
     chosen = [token for token in top if not token.startswith("[")][10:13]
     scored = http.post("/fill-mask", json={"inputs": texts[0], "targets": chosen}).json()
     assert {fill["token_str"]: fill["score"] for fill in scored} == pytest.approx({t: top[t] for t in chosen})
