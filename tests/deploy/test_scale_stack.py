@@ -128,9 +128,9 @@ class Stack:
 
 @dataclass(frozen=True)
 class LogLine:
-    """One request in HAProxy's log (the log-format of docker/haproxy/haproxy.cfg)."""
+    """One request in HAProxy's log (the log-format of docker/haproxy/haproxy.cfg: logged when it ends)."""
 
-    start: float
+    end: float
     backend: str
     server: str
     status: int
@@ -139,8 +139,8 @@ class LogLine:
     retries: str
 
     @property
-    def end(self) -> float:
-        return self.start + self.active_s
+    def start(self) -> float:
+        return self.end - self.active_s
 
     @classmethod
     def parse(cls, text: str) -> LogLine | None:
@@ -177,7 +177,8 @@ def served(container: str) -> dict[str, float]:
     return counts
 
 
-STOP_MESSAGES = {"stop signal received: draining": "signal", "drain over": "drain_over", "stopped": "stopped"}
+STOP_MESSAGES = {"stop signal received": "signal", "drain over": "drain_over", "stopped": "stopped"}
+"""Prefixes of the server's log messages of its stop sequence (service/runner.py, the app's lifespan)."""
 
 
 def stop_sequence(container: str) -> dict[str, float]:
@@ -190,7 +191,8 @@ def stop_sequence(container: str) -> dict[str, float]:
             entry = json.loads(line)
         except ValueError:
             continue
-        key = STOP_MESSAGES.get(entry.get("message", "")) if isinstance(entry, dict) else None
+        message = str(entry.get("message", "")) if isinstance(entry, dict) else ""
+        key = next((name for prefix, name in STOP_MESSAGES.items() if message.startswith(prefix)), None)
         if key is not None:
             seen[key] = time.mktime(time.strptime(entry["ts"][:19], "%Y-%m-%dT%H:%M:%S")) + float(entry["ts"][19:23])
     if "signal" not in seen:
