@@ -16,9 +16,13 @@ TORCH_FREE = [
     "bert_model",
     "bert_model.cli_errors",
     "bert_model.config",
+    "bert_model.finetuning.cli",
+    "bert_model.finetuning.options",
     "bert_model.hardware",
     "bert_model.registry",
     "bert_model.tokenization",
+    "bertserve.benchmarks.cli",
+    "bertserve.benchmarks.report",
 ]
 
 

@@ -1,57 +1,168 @@
 """`bertserve finetune {classify,qa,ner}` and `bertserve evaluate`: thin typer wrappers over `run`.
 
-torch is imported only inside the command bodies (through `bert_model.finetuning.run`), so registering these
-commands costs nothing to `bertserve serve`.
+The three finetune commands are generated, not written out: each takes the run's data and model options
+(`RUN_OPTIONS`), every field of `TrainingOptions` that carries command-line metadata (`options.cli`: help text and
+flags; name, type and default come from the field itself), the LoRA switch and its settings (`LORA_OPTIONS`), and
+every field of its task's options class (`ClassifyOptions`, `QAOptions`, `NEROptions`). So an option is declared
+once, and cannot drift from the dataclass it fills. torch is imported only inside the command bodies (through
+`bert_model.finetuning.run`), so registering these commands costs nothing to `bertserve serve`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
+import sys
+import typing
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
 from bert_model.cli_errors import exit_on_user_error
+from bert_model.finetuning.options import (
+    TASK_TRAINING_DEFAULTS,
+    ClassifyOptions,
+    FinetuneRun,
+    NEROptions,
+    QAOptions,
+    TaskOptions,
+    TrainingOptions,
+)
 
-Model = Annotated[str, typer.Option(help="Model to start from: a checkpoint folder or built-in name.")]
-Train = Annotated[str, typer.Option(help="Training data file.")]
-Eval = Annotated[str | None, typer.Option("--eval", help="Evaluation data: best-checkpoint selection + final scores.")]
-Out = Annotated[str, typer.Option(help="Output folder for the model, metrics.jsonl, eval_results.json, run.json.")]
-Epochs = Annotated[float, typer.Option(help="Passes over the training data (fractions allowed).")]
-MaxSteps = Annotated[int | None, typer.Option(help="Stop after this many steps instead (schedule ends there).")]
-BatchSize = Annotated[int, typer.Option(help="Training features per step.")]
-LearningRate = Annotated[float | None, typer.Option("--lr", help="Peak learning rate [default: 5e-5 full, 5e-4 LoRA].")]
-Warmup = Annotated[float, typer.Option(help="Fraction of steps with linear warm-up.")]
-WeightDecay = Annotated[float, typer.Option(help="AdamW weight decay.")]
-Seed = Annotated[int, typer.Option(help="Seed of head/adapter init, dropout and batch order.")]
-Bf16 = Annotated[bool, typer.Option("--bf16/--no-bf16", help="bf16 autocast (faster on CPUs with AMX/AVX512-BF16).")]
-EvalEvery = Annotated[int | None, typer.Option(help="Evaluate every N steps [default: each epoch].")]
-EvalLimit = Annotated[int | None, typer.Option(help="Evaluate on N evenly spaced examples during training.")]
-MaxTrain = Annotated[int | None, typer.Option(help="Use only the first N training examples.")]
-Threads = Annotated[int | None, typer.Option(help="torch threads [default: torch's choice].")]
-Lora = Annotated[bool, typer.Option("--lora/--full", help="Train LoRA adapters (small composite) or every weight.")]
-LoraRank = Annotated[int, typer.Option(help="LoRA rank r.")]
-LoraAlpha = Annotated[float, typer.Option(help="LoRA alpha (update scaled by alpha / r).")]
-LoraTargets = Annotated[str, typer.Option(help="Comma-separated encoder linear layers to adapt.")]
-LoraNorms = Annotated[
-    bool, typer.Option("--lora-layernorm/--no-lora-layernorm", help="With LoRA, also train LayerNorms.")
-]
-LoraBias = Annotated[bool, typer.Option("--lora-bias/--no-lora-bias", help="With LoRA, also train encoder biases.")]
-MaxSeq = Annotated[int, typer.Option(help="Tokens per input window, specials included.")]
+TASKS: dict[str, tuple[type[TaskOptions], str]] = {
+    "classify": (ClassifyOptions, "Fine-tune a text (pair) classifier on TSV / CSV / JSONL data."),
+    "qa": (QAOptions, "Fine-tune extractive question answering on SQuAD v1.1 / v2.0 JSON."),
+    "ner": (NEROptions, "Fine-tune NER on CoNLL column files (IOB1 or IOB2)."),
+}
+"""Each finetune command: its task options class and its help."""
+
+REQUIRED = inspect.Parameter.empty
+
+
+@dataclasses.dataclass(frozen=True)
+class CliOption:
+    """One command-line option: parameter name, value type, default (REQUIRED: none), help text, flags, and how its
+    text becomes the field's value (`parse`, for list and mapping fields)."""
+
+    name: str
+    kind: Any
+    default: Any
+    help: str
+    flags: tuple[str, ...] = ()
+    parse: Callable[[Any], Any] | None = None
+
+    def value(self, given: Any) -> Any:
+        return self.parse(given) if self.parse else given
+
+    def parameter(self) -> inspect.Parameter:
+        """The keyword parameter typer reads: the type as annotation, the option (default, flags, help) as default."""
+        default = ... if self.default is REQUIRED else self.default
+        option = typer.Option(default, *self.flags, help=self.help)
+        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=self.kind)
+
+
+RUN_OPTIONS = (
+    CliOption("train", str, REQUIRED, "Training data file."),
+    CliOption("out", str, REQUIRED, "Output folder for the model, metrics.jsonl, eval_results.json, run.json."),
+    CliOption("model", str, "minilm", "Model to start from: a checkpoint folder or built-in name."),
+    CliOption("eval_path", str | None, None, "Evaluation data: best-checkpoint selection + final scores.", ("--eval",)),
+)
+"""What `FinetuneRun` takes besides the options classes: the data, the output folder, the starting model."""
+
+LORA_OPTIONS = (
+    CliOption("lora", bool, False, "Train LoRA adapters (small composite) or every weight.", ("--lora/--full",)),
+    CliOption("lora_rank", int, 16, "LoRA rank r."),
+    CliOption("lora_alpha", float, 32.0, "LoRA alpha (update scaled by alpha / r)."),
+    CliOption("lora_targets", str, "query,key,value,dense", "Comma-separated encoder linear layers to adapt."),
+    CliOption(
+        "lora_layernorm",
+        bool,
+        True,
+        "With LoRA, also train LayerNorms.",
+        ("--lora-layernorm/--no-lora-layernorm",),
+    ),
+    CliOption("lora_bias", bool, True, "With LoRA, also train encoder biases.", ("--lora-bias/--no-lora-bias",)),
+)
+"""`TrainingOptions.lora` as options: the switch, then LoRAConfig's rank, alpha, target_modules, train_layernorm and
+train_bias (its defaults; `bert_model.adapters` imports torch, so they are stated here and a test compares them)."""
+
+
+def _pairs(text: str | None) -> dict[str, str] | None:
+    if not text:
+        return None
+    pairs = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"--label-map entries look like RAW=NAME, got {item!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [name.strip() for name in text.split(",") if name.strip()] if text else None
+
+
+def field_options(options_class: type, defaults: dict[str, Any] | None = None) -> list[CliOption]:
+    """The options of a dataclass: its fields with `cli` metadata, in field order, with the field's default (or the
+    one in `defaults`). A list field is given as `a,b`, a mapping as `a=x,b=y`."""
+    found = []
+    for field in dataclasses.fields(options_class):
+        if "cli_help" not in field.metadata:
+            continue
+        kind = _field_type(options_class, field)
+        origins = {typing.get_origin(kind), *(typing.get_origin(arg) for arg in typing.get_args(kind))}
+        parse = _pairs if dict in origins else _names if list in origins else None
+        default = (defaults or {}).get(field.name, field.default)
+        help_text, flags = field.metadata["cli_help"], field.metadata["cli_flags"]
+        found.append(CliOption(field.name, str | None if parse else kind, default, help_text, flags, parse))
+    return found
+
+
+def _field_type(owner: type, field: dataclasses.Field[Any]) -> Any:
+    """A field's annotation as a type, evaluated in its module as `typing.get_type_hints` does, one field at a time:
+    the options module imports `LoRAConfig` (torch) for type checking only, and no option is of that type."""
+    if not isinstance(field.type, str):
+        return field.type
+    return eval(field.type, vars(sys.modules[owner.__module__]))
+
+
+def training_options(task: str) -> list[CliOption]:
+    return [*field_options(TrainingOptions, TASK_TRAINING_DEFAULTS.get(task)), *LORA_OPTIONS]
 
 
 def register(app: typer.Typer) -> None:
     finetune_app = typer.Typer(help="Fine-tune a model for a task family.", no_args_is_help=True)
-    finetune_app.command("classify")(finetune_classify)
-    finetune_app.command("qa")(finetune_qa)
-    finetune_app.command("ner")(finetune_ner)
+    for task in TASKS:
+        finetune_app.command(task)(finetune_command(task))
     app.add_typer(finetune_app, name="finetune")
     app.command("evaluate")(evaluate)
 
 
-def _training(**values: Any) -> Any:
+def finetune_command(task: str) -> Callable[..., None]:
+    """The `finetune <task>` command: every option generated (see the module docstring)."""
+    options_class, summary = TASKS[task]
+    training = training_options(task)
+    task_fields = field_options(options_class)
+
+    def command(**values: Any) -> None:
+        with exit_on_user_error():
+            run = {option.name: values[option.name] for option in RUN_OPTIONS}
+            options = _training({option.name: values[option.name] for option in training})
+            task_options = options_class(**{option.name: option.value(values[option.name]) for option in task_fields})
+            _run(task, run["model"], run["train"], run["eval_path"], run["out"], options, task_options)
+
+    command.__name__ = command.__qualname__ = f"finetune_{task}"
+    command.__doc__ = summary
+    parameters = [option.parameter() for option in (*RUN_OPTIONS, *training, *task_fields)]
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    return command
+
+
+def _training(values: dict[str, Any]) -> TrainingOptions:
     from bert_model.adapters import lora_config_from_args
-    from bert_model.finetuning.options import TrainingOptions
 
     lora = None
     if values.pop("lora"):
@@ -68,7 +179,6 @@ def _training(**values: Any) -> Any:
 
 
 def _run(task: str, model: str, train: str, eval_path: str | None, out: str, training: Any, options: Any) -> None:
-    from bert_model.finetuning.options import FinetuneRun
     from bert_model.finetuning.run import finetune
 
     summary = finetune(FinetuneRun(task, model, train, out, eval_path, training, options))
@@ -79,120 +189,7 @@ def _run(task: str, model: str, train: str, eval_path: str | None, out: str, tra
     )
 
 
-def finetune_classify(
-    train: Train,
-    out: Out,
-    model: Model = "minilm",
-    eval_path: Eval = None,
-    epochs: Epochs = 3.0,
-    max_steps: MaxSteps = None,
-    batch_size: BatchSize = 32,
-    learning_rate: LearningRate = None,
-    warmup_ratio: Warmup = 0.1,
-    weight_decay: WeightDecay = 0.01,
-    seed: Seed = 42,
-    bf16: Bf16 = False,
-    eval_every: EvalEvery = None,
-    eval_limit: EvalLimit = None,
-    max_train_examples: MaxTrain = None,
-    threads: Threads = None,
-    lora: Lora = False,
-    lora_rank: LoraRank = 16,
-    lora_alpha: LoraAlpha = 32.0,
-    lora_targets: LoraTargets = "query,key,value,dense",
-    lora_layernorm: LoraNorms = True,
-    lora_bias: LoraBias = True,
-    max_seq_length: MaxSeq = 128,
-    text_column: Annotated[str | None, typer.Option(help="Text column [default: detected].")] = None,
-    pair_column: Annotated[str | None, typer.Option(help="Second-text column of pairs [default: detected].")] = None,
-    label_column: Annotated[str | None, typer.Option(help="Label column [default: detected].")] = None,
-    label_map: Annotated[str | None, typer.Option(help="Rename labels: '0=negative,1=positive'.")] = None,
-    labels: Annotated[str | None, typer.Option(help="Label order of the head: 'negative,positive'.")] = None,
-) -> None:
-    """Fine-tune a text (pair) classifier on TSV / CSV / JSONL data."""
-    with exit_on_user_error():
-        from bert_model.finetuning.options import ClassifyOptions
-
-        training = _training(**_training_values(locals()))
-        options = ClassifyOptions(
-            max_seq_length, text_column, pair_column, label_column, _pairs(label_map), _names(labels)
-        )
-        _run("classify", model, train, eval_path, out, training, options)
-
-
-def finetune_qa(
-    train: Train,
-    out: Out,
-    model: Model = "minilm",
-    eval_path: Eval = None,
-    epochs: Epochs = 2.0,
-    max_steps: MaxSteps = None,
-    batch_size: BatchSize = 32,
-    learning_rate: LearningRate = None,
-    warmup_ratio: Warmup = 0.1,
-    weight_decay: WeightDecay = 0.01,
-    seed: Seed = 42,
-    bf16: Bf16 = False,
-    eval_every: EvalEvery = None,
-    eval_limit: EvalLimit = None,
-    max_train_examples: MaxTrain = None,
-    threads: Threads = None,
-    lora: Lora = False,
-    lora_rank: LoraRank = 16,
-    lora_alpha: LoraAlpha = 32.0,
-    lora_targets: LoraTargets = "query,key,value,dense",
-    lora_layernorm: LoraNorms = True,
-    lora_bias: LoraBias = True,
-    max_seq_length: MaxSeq = 384,
-    doc_stride: Annotated[int, typer.Option(help="Context tokens shared by consecutive windows.")] = 128,
-    max_query_length: Annotated[int, typer.Option(help="Question tokens kept.")] = 64,
-    max_answer_length: Annotated[int, typer.Option(help="Longest answer in tokens.")] = 30,
-) -> None:
-    """Fine-tune extractive question answering on SQuAD v1.1 / v2.0 JSON."""
-    with exit_on_user_error():
-        from bert_model.finetuning.options import QAOptions
-
-        training = _training(**_training_values(locals()))
-        options = QAOptions(max_seq_length, doc_stride, max_query_length, max_answer_length)
-        _run("qa", model, train, eval_path, out, training, options)
-
-
-def finetune_ner(
-    train: Train,
-    out: Out,
-    model: Model = "minilm",
-    eval_path: Eval = None,
-    epochs: Epochs = 3.0,
-    max_steps: MaxSteps = None,
-    batch_size: BatchSize = 32,
-    learning_rate: LearningRate = None,
-    warmup_ratio: Warmup = 0.1,
-    weight_decay: WeightDecay = 0.01,
-    seed: Seed = 42,
-    bf16: Bf16 = False,
-    eval_every: EvalEvery = None,
-    eval_limit: EvalLimit = None,
-    max_train_examples: MaxTrain = None,
-    threads: Threads = None,
-    lora: Lora = False,
-    lora_rank: LoraRank = 16,
-    lora_alpha: LoraAlpha = 32.0,
-    lora_targets: LoraTargets = "query,key,value,dense",
-    lora_layernorm: LoraNorms = True,
-    lora_bias: LoraBias = True,
-    max_seq_length: MaxSeq = 128,
-    stride: Annotated[int, typer.Option(help="Tokens shared by windows of long sentences.")] = 32,
-    tag_column: Annotated[int, typer.Option(help="Column of the NER tag (negative counts from the end).")] = -1,
-    scheme: Annotated[str, typer.Option(help="Tag scheme of the files: auto, iob1, iob2.")] = "auto",
-    labels: Annotated[str | None, typer.Option(help="Label order of the head: 'O,B-PER,I-PER,...'.")] = None,
-) -> None:
-    """Fine-tune NER on CoNLL column files (IOB1 or IOB2)."""
-    with exit_on_user_error():
-        from bert_model.finetuning.options import NEROptions
-
-        training = _training(**_training_values(locals()))
-        options = NEROptions(max_seq_length, stride, tag_column, scheme, _names(labels))
-        _run("ner", model, train, eval_path, out, training, options)
+BF16 = next(option for option in field_options(TrainingOptions) if option.name == "bf16")
 
 
 def evaluate(
@@ -203,7 +200,7 @@ def evaluate(
         str | None, typer.Option(help="Write predictions here (SQuAD: the official {id: answer} JSON).")
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Features per forward pass.")] = 64,
-    bf16: Bf16 = False,
+    bf16: Annotated[bool, typer.Option(*BF16.flags, help=BF16.help)] = False,
     limit: Annotated[int | None, typer.Option(help="Score only N evenly spaced examples.")] = None,
     label_map: Annotated[
         str | None, typer.Option(help="classify: rename raw labels '0=negative,1=positive' [default: as trained].")
@@ -224,45 +221,3 @@ def evaluate(
             label_map=_pairs(label_map),
         )
     typer.echo(json.dumps(result))
-
-
-_TRAINING_KEYS = (
-    "epochs",
-    "max_steps",
-    "batch_size",
-    "learning_rate",
-    "warmup_ratio",
-    "weight_decay",
-    "seed",
-    "bf16",
-    "eval_every",
-    "eval_limit",
-    "max_train_examples",
-    "threads",
-    "lora",
-    "lora_rank",
-    "lora_alpha",
-    "lora_targets",
-    "lora_layernorm",
-    "lora_bias",
-)
-
-
-def _training_values(values: dict[str, Any]) -> dict[str, Any]:
-    return {key: values[key] for key in _TRAINING_KEYS}
-
-
-def _pairs(text: str | None) -> dict[str, str] | None:
-    if not text:
-        return None
-    pairs = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"--label-map entries look like RAW=NAME, got {item!r}")
-        pairs[key.strip()] = value.strip()
-    return pairs
-
-
-def _names(text: str | None) -> list[str] | None:
-    return [name.strip() for name in text.split(",") if name.strip()] if text else None

@@ -1,52 +1,77 @@
-"""Options of a fine-tuning run, validated before any work starts (one docstring per field)."""
+"""Options of a fine-tuning run, validated before any work starts (one docstring per field).
+
+A field that is also an option of `bertserve finetune {classify,qa,ner}` carries its help text (and its flags where
+they are not `--<name>`) in its metadata (`cli`); the commands are generated from these fields (finetuning/cli.py),
+with the field's name, type and default. Torch-free, so that building the command line imports no torch.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bert_model.adapters import LoRAConfig
+if TYPE_CHECKING:
+    from bert_model.adapters import LoRAConfig
 
 TASK_NAMES: tuple[str, ...] = ("classify", "qa", "ner")
 DEFAULT_LEARNING_RATE = {"full": 5e-5, "lora": 5e-4}
+TASK_TRAINING_DEFAULTS: dict[str, dict[str, Any]] = {"qa": {"epochs": 2.0}}
+"""The `finetune <task>` command's defaults where they differ from TrainingOptions' (SQuAD's epochs are long)."""
+
+
+def cli(help_text: str, *flags: str) -> dict[str, Any]:
+    """Field metadata that makes the field a `bertserve finetune` option: its help text, and its flags when they are
+    not `--<name>` (`--lr`, or a boolean's `--on/--off` pair)."""
+    return {"cli_help": help_text, "cli_flags": flags}
+
+
+def _max_seq_length(default: int) -> Any:
+    return field(default=default, metadata=cli("Tokens per input window, specials included."))
 
 
 @dataclass
 class TrainingOptions:
     """The optimisation schedule and bookkeeping shared by every task."""
 
-    epochs: float = 3.0
+    epochs: float = field(default=3.0, metadata=cli("Passes over the training data (fractions allowed)."))
     """Passes over the training set (fractions allowed); ignored when `max_steps` is set."""
-    max_steps: int | None = None
+    max_steps: int | None = field(
+        default=None, metadata=cli("Stop after this many steps instead (schedule ends there).")
+    )
     """Stop after this many optimizer steps (the schedule decays to zero there)."""
-    batch_size: int = 32
+    batch_size: int = field(default=32, metadata=cli("Training features per step."))
     """Training examples (features) per step."""
-    learning_rate: float | None = None
+    learning_rate: float | None = field(
+        default=None, metadata=cli("Peak learning rate [default: 5e-5 full, 5e-4 LoRA].", "--lr")
+    )
     """Peak learning rate; None picks 5e-5 for full fine-tuning and 5e-4 for LoRA."""
-    warmup_ratio: float = 0.1
+    warmup_ratio: float = field(default=0.1, metadata=cli("Fraction of steps with linear warm-up."))
     """Fraction of the steps with linear warm-up from 0; the rest decays linearly to 0."""
-    weight_decay: float = 0.01
+    weight_decay: float = field(default=0.01, metadata=cli("AdamW weight decay."))
     """AdamW decoupled weight decay (not applied to biases and LayerNorm weights)."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm (0 disables it)."""
-    seed: int = 42
+    seed: int = field(default=42, metadata=cli("Seed of head/adapter init, dropout and batch order."))
     """Seeds head initialisation, LoRA initialisation, dropout and batch order."""
-    bf16: bool = False
+    bf16: bool = field(
+        default=False, metadata=cli("bf16 autocast (faster on CPUs with AMX/AVX512-BF16).", "--bf16/--no-bf16")
+    )
     """bf16 autocast for training and evaluation forwards (1.3-1.7x faster on CPUs with AMX/AVX512-BF16)."""
-    eval_every: int | None = None
+    eval_every: int | None = field(default=None, metadata=cli("Evaluate every N steps [default: each epoch]."))
     """Evaluate every N steps; None evaluates at the end of each epoch."""
-    eval_limit: int | None = None
+    eval_limit: int | None = field(default=None, metadata=cli("Evaluate on N evenly spaced examples during training."))
     """Evaluate on an evenly spaced subset of this many eval examples during training (the final one is full)."""
     eval_batch_size: int = 64
     """Features per forward pass at evaluation."""
-    max_train_examples: int | None = None
+    max_train_examples: int | None = field(default=None, metadata=cli("Use only the first N training examples."))
     """Use only the first N training examples (quick trials)."""
     length_grouping: bool = True
     """Batch examples of similar length together (padding only to the longest in the batch)."""
-    threads: int | None = None
+    threads: int | None = field(default=None, metadata=cli("torch threads [default: torch's choice]."))
     """torch intra-op threads; None keeps torch's default."""
     lora: LoRAConfig | None = None
-    """Train LoRA adapters (and what the LoRAConfig adds) instead of every weight."""
+    """Train LoRA adapters (and what the LoRAConfig adds) instead of every weight (on the command line: `--lora` and
+    the `--lora-*` options)."""
     log_every: int = 50
     """Write a training-loss line to metrics.jsonl every N steps."""
 
@@ -82,15 +107,15 @@ class TrainingOptions:
 class ClassifyOptions:
     """Text classification data and input length."""
 
-    max_seq_length: int = 128
-    text_column: str | None = None
+    max_seq_length: int = _max_seq_length(128)
+    text_column: str | None = field(default=None, metadata=cli("Text column [default: detected]."))
     """Column of the (first) text; detected from the header when None."""
-    pair_column: str | None = None
+    pair_column: str | None = field(default=None, metadata=cli("Second-text column of pairs [default: detected]."))
     """Column of the second text of a pair; detected when None."""
-    label_column: str | None = None
-    label_map: dict[str, str] | None = None
-    """Rename raw labels, e.g. {"0": "negative", "1": "positive"}."""
-    labels: list[str] | None = None
+    label_column: str | None = field(default=None, metadata=cli("Label column [default: detected]."))
+    label_map: dict[str, str] | None = field(default=None, metadata=cli("Rename labels: '0=negative,1=positive'."))
+    """Rename raw labels, e.g. {"0": "negative", "1": "positive"} (on the command line `0=negative,1=positive`)."""
+    labels: list[str] | None = field(default=None, metadata=cli("Label order of the head: 'negative,positive'."))
     """Label order of the head; default: the training labels, sorted."""
 
     def __post_init__(self) -> None:
@@ -101,11 +126,11 @@ class ClassifyOptions:
 class QAOptions:
     """SQuAD windows and answer decoding."""
 
-    max_seq_length: int = 384
-    doc_stride: int = 128
+    max_seq_length: int = _max_seq_length(384)
+    doc_stride: int = field(default=128, metadata=cli("Context tokens shared by consecutive windows."))
     """Context tokens shared by consecutive windows."""
-    max_query_length: int = 64
-    max_answer_length: int = 30
+    max_query_length: int = field(default=64, metadata=cli("Question tokens kept."))
+    max_answer_length: int = field(default=30, metadata=cli("Longest answer in tokens."))
     """Longest answer in tokens."""
 
     def __post_init__(self) -> None:
@@ -119,13 +144,13 @@ class QAOptions:
 class NEROptions:
     """CoNLL columns, windows and labels."""
 
-    max_seq_length: int = 128
-    stride: int = 32
+    max_seq_length: int = _max_seq_length(128)
+    stride: int = field(default=32, metadata=cli("Tokens shared by windows of long sentences."))
     """Tokens shared by consecutive windows of a long sentence."""
-    tag_column: int = -1
-    scheme: str = "auto"
+    tag_column: int = field(default=-1, metadata=cli("Column of the NER tag (negative counts from the end)."))
+    scheme: str = field(default="auto", metadata=cli("Tag scheme of the files: auto, iob1, iob2."))
     """Tag scheme of the files: auto, iob1 or iob2 (everything is converted to IOB2)."""
-    labels: list[str] | None = None
+    labels: list[str] | None = field(default=None, metadata=cli("Label order of the head: 'O,B-PER,I-PER,...'."))
     """Label order of the head; default: O then B-/I- for each entity type, sorted."""
 
     def __post_init__(self) -> None:
