@@ -38,8 +38,13 @@ class MatmulRates:
         )
 
 
-def probe(seconds: float = 0.5, threads: int | None = None) -> MatmulRates:
-    """Time the fp32 and the bf16 matmul for `seconds` each (after a short warm-up) on `threads` threads."""
+PROBE_SECONDS = 0.5
+"""Wall time each precision's matmul is timed for."""
+
+
+def probe(threads: int | None = None) -> MatmulRates:
+    """Time the fp32 and the bf16 matmul for PROBE_SECONDS each (after a short warm-up) on `threads` threads."""
+    seconds = PROBE_SECONDS
     import torch
 
     previous = torch.get_num_threads()

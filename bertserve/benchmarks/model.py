@@ -50,6 +50,11 @@ from bertserve.benchmarks.report import Provenance, provenance, write_report
 
 SHAPES: tuple[tuple[int, int], ...] = ((1, 128), (16, 128), (1, 384))
 IDLE_PAUSE_S = 0.02
+"""The idle pause before each runner's turn."""
+WARMUP_CALLS = 2
+"""Untimed calls of each runner on a shape before its rounds."""
+TIMED_CALLS_PER_TURN = 3
+"""Timed calls of a runner's turn, after its untimed one."""
 
 
 @dataclass
@@ -179,28 +184,21 @@ class Row:
     """Achieved FLOP/s over the peak of the runner's own precision (bf16, int8)."""
 
 
-def measure(
-    runners: list[Runner],
-    feed: dict[str, np.ndarray],
-    rounds: int,
-    warmup: int = 2,
-    calls_per_turn: int = 3,
-    pause: float = IDLE_PAUSE_S,
-) -> dict[str, float]:
+def measure(runners: list[Runner], feed: dict[str, np.ndarray], rounds: int) -> dict[str, float]:
     """Median seconds per call of every runner on `feed`, interleaved round by round.
 
     Each turn of a runner is an idle pause, one untimed call (its weights back into cache after the other
-    runners evicted them: a server runs one model back to back) and `calls_per_turn` timed calls.
+    runners evicted them: a server runs one model back to back) and `TIMED_CALLS_PER_TURN` timed calls.
     """
     for runner in runners:
-        for _ in range(warmup):
+        for _ in range(WARMUP_CALLS):
             runner.call(feed)
     times: dict[str, list[float]] = {runner.name: [] for runner in runners}
     for _ in range(rounds):
         for runner in runners:
-            time.sleep(pause)
+            time.sleep(IDLE_PAUSE_S)
             runner.call(feed)
-            for _ in range(calls_per_turn):
+            for _ in range(TIMED_CALLS_PER_TURN):
                 start = time.perf_counter()
                 runner.call(feed)
                 times[runner.name].append(time.perf_counter() - start)
@@ -389,11 +387,9 @@ def run_benchmark(
     bundle_dir: Path,
     out_dir: Path,
     *,
-    shapes: tuple[tuple[int, int], ...] = SHAPES,
     rounds: int = 20,
     variants: list[str] | None = None,
     data_dir: Path | None = None,
-    threads: int | None = None,
     log: Callable[[str], None] = print,
     command: str = "bertserve bench-model",
 ) -> list[Row]:
@@ -406,7 +402,7 @@ def run_benchmark(
     folder = Path(manifest.source.get("model", ""))
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"bundle {bundle_dir} names source model {folder}, which is not a model folder")
-    threads = threads or cpu_threads()
+    threads = cpu_threads()
     config = BertConfig.load(folder)
     runners = torch_runners(folder, manifest.task, threads) + variant_runners(bundle_dir, variants, threads)
     peak = cpu_peak(cores=threads)
@@ -421,7 +417,7 @@ def run_benchmark(
         log(f"matrix units {when}: {rates.describe()}")
 
     with ForeignLoad() as foreign:
-        for batch, seq_len in shapes:
+        for batch, seq_len in SHAPES:
             probe_matrix_units(f"before {batch} × {seq_len}")
             feed = bench_feed(bundle_dir / TOKENIZER_DIR, batch, seq_len, data_dir)
             shape_rounds = max(3, rounds // 3) if batch * seq_len >= 2048 else rounds

@@ -34,6 +34,8 @@ import numpy as np
 from bertserve.benchmarks.report import command_line, provenance, render, write_report
 
 REPO = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 300.0
+"""How long a started server may take to become ready."""
 SST2_DEV = REPO.parent / "shared" / "data" / "sst2" / "dev.half-a.tsv"
 FALLBACK_TEXTS = [
     "a gripping, beautifully acted film",
@@ -70,7 +72,8 @@ class Server:
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.http_port}"
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
+    def wait_ready(self) -> None:
+        timeout = READY_TIMEOUT_S
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

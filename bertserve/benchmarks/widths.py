@@ -40,6 +40,8 @@ from service.ort_backend import CPU_RUNTIMES, OrtBackend, runnable
 from service.pipelines import ClassifyInput, NERInput, QAInput, make_pipeline
 
 MULTIPLES = (1, 8, 16, 32)
+SHUFFLE_SEED = 0
+"""Seed of the features' random order before they are grouped and cut into batches."""
 TASKS = ("classify", "qa", "ner")
 
 
@@ -116,7 +118,6 @@ def run(
     group: int = 16,
     rounds: int = 4,
     threads: int = 2,
-    seed: int = 0,
 ) -> dict[str, Any]:
     bundle = open_bundle(bundle_dir)
     available = cpu_variants(bundle)
@@ -129,7 +130,7 @@ def run(
     features = read_features(bundle, data, limit)
     if not features:
         raise ValueError(f"{data} gave no inputs")
-    batches = cut_batches(features, batch_size, group, seed)
+    batches = cut_batches(features, batch_size, group, SHUFFLE_SEED)
     pad_id = bundle.tokenizer.pad_id
     max_width = bundle.manifest.max_seq_length
     feeds = {
