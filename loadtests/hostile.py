@@ -7,9 +7,13 @@ Phases, in order (`--hostile phases=...` picks some):
 - `distinct`: `values` distinct values of every numeric request option over REST and gRPC
   (`loadtests.hostile_cases`), `concurrency` requests in flight; RSS before and after each option's sweep;
   bound: RSS growth over the phase <= `max_distinct_growth_mb`, no 5xx, no dropped connection;
-- `max-size`: `big_clients` closed-loop clients sending the largest legal requests (max inputs, max text chars,
-  the longest QA contexts) for `max_size_s`, beside small /classify at `small_rate`/s; bounds: small p99 <=
-  `small_p99_ms` and >= 99% of them answered 200, big ones answered 200 / 429 / 503 / 504 only;
+- `max-size`: first, for QA and NER, a request of as many longest inputs as the body allows, which needs more
+  windows (model rows) than the model's queue holds: it must be refused with a 4xx, and the server's count of
+  its windows sizes the largest legal request (`hostile_cases.size_windowed`); then `big_clients` closed-loop
+  clients send the largest legal requests (max inputs, max text chars, as many longest QA contexts / NER texts
+  as the queue holds) for `max_size_s`, beside small /classify at `small_rate`/s; bounds: small p99 <=
+  `small_p99_ms` and >= 99% of them answered 200, big ones answered 200 / 429 / 503 / 504 only, the ones over
+  the bound a 4xx (not 429);
 - `flood`: `flood` connections opened at once, then each sends a 64-sentence /classify; bounds: only 200 / 429 /
   503, peak RSS growth <= `max_flood_growth_mb`, a normal answer within `recovery_s` after the last reply;
 - `slow`: `slow_clients` connections of each kind (headers dribbled a byte a second, a body dribbled a byte a
@@ -17,10 +21,14 @@ Phases, in order (`--hostile phases=...` picks some):
   (`header_timeout_s` for headers and idle ones, `body_timeout_s` for bodies: the server's settings of those
   names, which the wire does not tell), small requests unaffected (the max-size bounds: slow clients cost no
   worker), a normal answer within `recovery_s` after;
-- `malformed`: bad JSON, wrong types, truncated / garbage protobuf, unknown methods, broken HTTP, one at a time:
-  each answered with a 4xx / client-error status (a few also 200), never a 5xx, a hang or a reset;
+- `malformed`: bad JSON, wrong types, truncated / garbage protobuf, unknown methods, broken HTTP, requests one
+  past a limit (inputs, text characters, body bytes), one at a time: each answered with a 4xx / client-error
+  status (a few also 200), never a 5xx, a hang or a reset;
 and at the end: the server process alive (no crash), 0 5xx other than the intended ones (503 under the flood or
 big requests, 504 for a deadline that passed), and a normal answer within `recovery_s`.
+The limits are the server's: max_inputs_per_request and max_text_chars as its OpenAPI schema states them (else
+`--hostile`'s), max_body_bytes and max_queue as `--hostile` says (the wire does not tell them; the defaults are
+`bertserve serve`'s), and the queue's size as the server's refusal states it.
 Everything goes to loopback only (`loadtests.safety`), bounded in count (the phase sizes) and time (each call's
 client timeout, `distinct_limit_s`, the slow clients' limit). Reports like the locust profiles: summary.json with
 the small requests' figures per phase as endpoints, report.md, latency.png, rss.png, the history.
@@ -115,6 +123,9 @@ class HostileConfig:
     """The server's max_text_chars."""
     max_body_bytes: int = 2_000_000
     """The server's max_body_bytes."""
+    max_queue: int = 512
+    """The server's max_queue: the most model rows (QA / NER windows) one request may need, unless the server's
+    refusal of a request over it says otherwise."""
     max_distinct_growth_mb: float = 50.0
     small_p99_ms: float = 250.0
     small_ok_share: float = 0.99
@@ -122,7 +133,7 @@ class HostileConfig:
     recovery_s: float = 1.0
 
     def limits(self) -> cases.Limits:
-        return cases.Limits(self.max_inputs, self.max_text_chars, self.max_body_bytes)
+        return cases.Limits(self.max_inputs, self.max_text_chars, self.max_body_bytes, self.max_queue)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -164,7 +175,8 @@ def _parse_value(key: str, value: str, default: Any) -> Any:
 
 def _check_config(config: HostileConfig) -> None:
     positive = ("values", "concurrency", "small_rate", "flood", "slow_interval_s", "client_timeout_s",
-                "max_inputs", "max_text_chars", "max_body_bytes", "big_clients", "distinct_limit_s")  # fmt: skip
+                "max_inputs", "max_text_chars", "max_body_bytes", "max_queue", "big_clients",
+                "distinct_limit_s")  # fmt: skip
     zero = [name for name in positive if getattr(config, name) <= 0]
     if zero:
         raise ValueError(f"--hostile {', '.join(zero)} must be positive")
@@ -209,6 +221,9 @@ class Run:
     probe: RssProbe
     out: TextIO
     models: dict[str, cases.ModelInfo] = field(default_factory=dict)
+    limits: cases.Limits = field(default_factory=cases.Limits)
+    limits_source: dict[str, str] = field(default_factory=dict)
+    """Where each of `limits` comes from: `openapi` (the server's schema) or `config` (`--hostile`)."""
     calls: list[Call] = field(default_factory=list)
     rss: list[tuple[float, int]] = field(default_factory=list)
     phases: list[Phase] = field(default_factory=list)
@@ -330,7 +345,15 @@ async def _sweep(run: Run, phase: str, sweep: cases.Sweep, deadline: float) -> t
 
 
 async def _max_size(run: Run, phase: Phase) -> None:
-    big = cases.max_size_requests(run.models, run.texts, run.config.limits(), run.channel is not None)
+    sized = {task: await _size_windowed(run, phase, task) for task in cases.WINDOWED if task in run.models}
+    phase.details["windowed"] = {task: {**dataclasses.asdict(w), "legal_windows": w.legal_windows}
+                                 for task, w in sized.items()}  # fmt: skip
+    if run.channel is not None and "qa" in sized and sized["qa"].source != "accepted":
+        over = sized["qa"].over_inputs
+        name = f"over Extract {over} longest contexts"
+        request = cases.extract_request(name, run.texts, over, run.limits.max_text_chars)
+        phase.details.setdefault("over", []).append(_over_entry(await _probe(run, request, phase.name)))
+    big = cases.max_size_requests(run.models, run.texts, run.limits, run.channel is not None, sized)
     phase.details["requests"] = {r.name: _request_size(r) for r in big}
     end = run.clock.now() + run.config.max_size_s
 
@@ -342,6 +365,42 @@ async def _max_size(run: Run, phase: Phase) -> None:
 
     async with _beside_small_load(run, phase.name):
         await asyncio.gather(*(big_client(i) for i in range(run.config.big_clients)))
+
+
+async def _size_windowed(run: Run, phase: Phase, task: str) -> cases.Windowed:
+    """Send as many longest inputs of `task` as one body holds (more windows than the queue holds, unless the
+    queue is larger than thought) and size the largest legal request from the answer."""
+    chars = run.limits.max_text_chars
+    count = cases.longest_input_count(task, run.texts, run.limits, chars)
+    request = cases.windowed_request(task, cases.windowed_name(task, "over", count), run.texts, count, chars)
+    call = await _probe(run, request, phase.name)
+    question = len(run.texts.qa[0][0]) if task == "qa" else 0
+    estimate = cases.estimate_windows(task, chars, run.models[task].max_seq_length, question)
+    sized = cases.size_windowed(task, count, call.status, call.detail, run.limits, chars, estimate)
+    if sized.source != "accepted":
+        phase.details.setdefault("over", []).append(_over_entry(call, sized))
+    run.say(f"max-size: {call.name}: {call.status} ({sized.needed} windows, queue {sized.max_queue}); the largest "
+            f"legal: {sized.legal_inputs} of {sized.input_chars} chars = {sized.legal_windows} windows "
+            f"({sized.source})")  # fmt: skip
+    return sized
+
+
+async def _probe(run: Run, request: RestRequest | GrpcRequest, phase: str, tries: int = 3) -> Call:
+    """Send `request`, again (up to `tries` times, a second apart) while it is refused as busy (429): what is
+    wanted is its answer on its merits."""
+    for attempt in range(tries):
+        call = await run.send(request, phase)
+        if status_class(call.status) != "rejected" or attempt == tries - 1:
+            return call
+        await asyncio.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
+def _over_entry(call: Call, sized: cases.Windowed | None = None) -> dict[str, Any]:
+    """A request over a bound and its answer (a 4xx other than 429 expected)."""
+    bound = f"{sized.needed} windows > {sized.max_queue}" if sized and sized.needed else "windows > the queue"
+    return {"name": call.name, "status": call.status, "class": status_class(call.status), "bound": bound,
+            "detail": call.detail[:200]}  # fmt: skip
 
 
 def _request_size(request: RestRequest | GrpcRequest) -> int:
@@ -417,7 +476,7 @@ async def _slow(run: Run, phase: Phase) -> None:
 
 async def _malformed(run: Run, phase: Phase) -> None:
     host, port = _host_port(run.server.http_url)
-    limits = run.config.limits()
+    limits = run.limits
     checked = cases.malformed_rest(run.models, limits) + cases.malformed_http(limits)
     if run.channel is not None:
         checked += cases.malformed_grpc(run.models, limits)
@@ -474,6 +533,33 @@ async def _models(run: Run) -> dict[str, cases.ModelInfo]:
     return found
 
 
+async def _server_limits(run: Run) -> tuple[cases.Limits, dict[str, str]]:
+    """The config's limits, with max_inputs and max_text_chars as the server's OpenAPI schema states them (the
+    inputs list's maxItems and the texts' maxLength of a ClassifyRequest) where it does."""
+    limits = run.config.limits()
+    source = dict.fromkeys(dataclasses.asdict(limits), "config")
+    try:
+        async with run.session.get(run.server.http_url + "/openapi.json", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            schema = await r.json(content_type=None) if r.status == 200 else {}
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        schema = {}
+    request = schema.get("components", {}).get("schemas", {}).get("ClassifyRequest", {}) if schema else {}
+    stated = {"max_inputs": _schema_values(request, "maxItems"), "max_text_chars": _schema_values(request, "maxLength")}
+    changes = {key: min(values) for key, values in stated.items() if values}
+    source.update(dict.fromkeys(changes, "openapi"))
+    return dataclasses.replace(limits, **changes), source
+
+
+def _schema_values(node: Any, key: str) -> list[int]:
+    """Every integer `key` inside a JSON schema node."""
+    if isinstance(node, dict):
+        found = [node[key]] if isinstance(node.get(key), int) else []
+        return found + [value for child in node.values() for value in _schema_values(child, key)]
+    if isinstance(node, list):
+        return [value for child in node for value in _schema_values(child, key)]
+    return []
+
+
 async def run_profile(config: HostileConfig, server: Server, payloads: Payloads, seed: int, out: TextIO) -> Run:
     """Run the configured phases against `server`; everything measured."""
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -482,6 +568,7 @@ async def run_profile(config: HostileConfig, server: Server, payloads: Payloads,
         probe: RssProbe = ProcRss(server.pid) if server.pid is not None else MetricsRss(session, server.http_url)
         run = Run(config, server, Clock(), cases.Texts.from_payloads(payloads, seed), session, channel, probe, out)
         run.models = await _models(run)
+        run.limits, run.limits_source = await _server_limits(run)
         stop = asyncio.Event()
         sampler = asyncio.ensure_future(_sample_rss(run, stop, 0.25 if server.pid is not None else 0.5))
         try:
@@ -567,6 +654,7 @@ def result_json(run: Run) -> dict[str, Any]:
     return {
         "config": run.config.to_dict(),
         "models": {task: dataclasses.asdict(info) for task, info in run.models.items()},
+        "limits": {**dataclasses.asdict(run.limits), "source": run.limits_source},
         "rss_source": run.probe.source if run.rss else f"none ({run.probe.source} gave nothing)",
         "rss_start_mb": _round_mb(first),
         "rss_end_mb": _round_mb(last),

@@ -7,16 +7,21 @@ messages (proto/bert/v1/bert.proto) and the caller's deadline (`x-request-timeou
 top_k`, and their gRPC fields. Each sweep sends `count` consecutive values from the option's smallest, legal or
 not (values past a bound must be refused as cheaply as legal ones are served); unknown model names, distinct
 request ids and distinct gRPC metadata keys ride along, since any of them could key server state.
-Maximum-size requests fill the server's limits (`max_inputs_per_request`, `max_text_chars`, `max_body_bytes`:
-the defaults of `bertserve serve` unless told otherwise) without passing them.
+Maximum-size requests fill the server's limits (`max_inputs_per_request`, `max_text_chars`, `max_body_bytes`,
+`max_queue`: as the server's OpenAPI schema states them, else the defaults of `bertserve serve` unless told
+otherwise) without passing them. A QA or NER input needs one model row per window, and one request may need at
+most the model's queue (`max_queue`) of rows: the largest legal request of those tasks is sized by the server's
+own count of the windows of a request over that bound (`size_windowed`), which it must refuse with a 4xx.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loadtests.hostile_net import GrpcRequest, RestRequest
@@ -51,6 +56,8 @@ class Limits:
     max_inputs: int = 64
     max_text_chars: int = 100_000
     max_body_bytes: int = 2_000_000
+    max_queue: int = 512
+    """Model rows (QA / NER windows) one request may need: the model's queue."""
 
 
 Request = RestRequest | GrpcRequest
@@ -209,6 +216,16 @@ def small_classify(texts: Texts, index: int) -> RestRequest:
 
 
 # ---- maximum size ------------------------------------------------------------------------------------------
+WINDOWED = ("qa", "ner")
+"""Tasks whose inputs need one model row per window of the model's length (the others: one row per input)."""
+QUEUE_REFUSAL = re.compile(r"needs (\d+) sequences\b.*?queue holds \((\d+)\)")
+"""The server's refusal of a request that needs more model rows than the model's queue holds
+(`service.admission.QueueReservations`): the rows the request needs, and the queue's size."""
+ESTIMATE_CHARS_PER_TOKEN = 3
+"""Characters per token when the server does not say how many windows a request needs: fewer than English text
+has (about 4), so that the estimate errs towards more windows, i.e. a smaller request."""
+
+
 def _fit_texts(texts: Texts, count: int, limits: Limits, overhead: int) -> list[str]:
     """`count` distinct texts, each at most max_text_chars, that together fill the body budget."""
     budget = int(limits.max_body_bytes * 0.97) - overhead
@@ -216,25 +233,112 @@ def _fit_texts(texts: Texts, count: int, limits: Limits, overhead: int) -> list[
     return [texts.filler(chars, offset=i) for i in range(count)]
 
 
-def max_size_requests(models: dict[str, ModelInfo], texts: Texts, limits: Limits, grpc: bool) -> list[Request]:
-    """The largest legal request of each kind the server serves (bodies and messages under max_body_bytes)."""
+def _windowed_input(task: str, texts: Texts, chars: int) -> Any:
+    """One longest input of a windowed task: a QA pair (a real question, a context of `chars`) or a NER text."""
+    return {"question": texts.qa[0][0], "context": texts.filler(chars)} if task == "qa" else texts.filler(chars)
+
+
+def longest_input_count(task: str, texts: Texts, limits: Limits, chars: int) -> int:
+    """How many copies of one longest input (`chars` characters) one request holds within max_inputs and the
+    body limit (the JSON as sent: escapes counted)."""
+    one = len(_json(_windowed_input(task, texts, chars))) + 1
+    return max(1, min(limits.max_inputs, (int(limits.max_body_bytes * 0.97) - 64) // one))
+
+
+def windowed_request(task: str, name: str, texts: Texts, count: int, chars: int) -> RestRequest:
+    """`count` copies of one longest input (identical, so the windows of the request are `count` times one's)."""
+    path = "/qa" if task == "qa" else "/ner"
+    return _rest(name, path, {"inputs": [_windowed_input(task, texts, chars)] * count})
+
+
+def windowed_name(task: str, kind: str, count: int) -> str:
+    """`over /qa 19 longest contexts`, `max /ner 3 longest texts`."""
+    what = "context" if task == "qa" else "text"
+    return f"{kind} /{task} {count} longest {what}{'' if count == 1 else 's'}"
+
+
+def extract_request(name: str, texts: Texts, count: int, chars: int) -> GrpcRequest:
+    """The gRPC counterpart of `windowed_request("qa", ...)`."""
+    pair = pb.QAInput(question=texts.qa[0][0], context=texts.filler(chars))
+    return GrpcRequest(name, EXTRACT, pb.ExtractRequest(inputs=[pair] * count))
+
+
+@dataclass(frozen=True)
+class Windowed:
+    """How the largest legal request of a windowed task was sized, from a request over the bound."""
+
+    task: str
+    over_inputs: int
+    """Longest inputs in the request sent over the bound (as many as max_inputs and the body limit allow)."""
+    over_chars: int
+    """Characters of each of them (max_text_chars)."""
+    over_status: str
+    needed: int | None
+    """Model rows the server said that request needs (None: it did not say)."""
+    max_queue: int
+    """Rows one request may need: the server's word, else `Limits.max_queue`."""
+    windows_per_input: int
+    source: str
+    """`server` (from its refusal), `estimate` (it did not say: `estimate_windows`), or `accepted` (it took the
+    request over what was thought the bound: that request is legal, and the largest one sent)."""
+    legal_inputs: int
+    input_chars: int
+    """Characters of each input of the legal request (max_text_chars unless one input alone needs more rows than
+    the queue holds)."""
+
+    @property
+    def legal_windows(self) -> int:
+        return self.legal_inputs * self.windows_per_input
+
+
+def estimate_windows(task: str, chars: int, max_seq_length: int, question_chars: int = 0) -> int:
+    """An upper estimate of the windows of one input: tokens at ESTIMATE_CHARS_PER_TOKEN, windows overlapping by
+    half their context room (more overlap than the servers' defaults)."""
+    tokens = math.ceil(chars / ESTIMATE_CHARS_PER_TOKEN)
+    question = math.ceil(question_chars / ESTIMATE_CHARS_PER_TOKEN) if task == "qa" else 0
+    room = max(16, max_seq_length - question - 3)
+    return 1 if tokens <= room else 1 + math.ceil((tokens - room) / max(1, room // 2))
+
+
+def size_windowed(
+    task: str, over_inputs: int, status: str, detail: str, limits: Limits, chars: int, estimate: int
+) -> Windowed:
+    """The largest legal request of `task` from the answer (`status`, `detail`) to `over_inputs` longest inputs
+    of `chars` characters each: as many of them as the queue's rows allow; `estimate` = windows of one input when
+    the answer does not say."""
+    taken = Windowed(task, over_inputs, chars, status, None, limits.max_queue, estimate, "accepted", over_inputs, chars)
+    if status in ("200", "OK"):
+        return taken
+    found = QUEUE_REFUSAL.search(detail)
+    if found:
+        needed, queue = int(found.group(1)), int(found.group(2))
+        refused = replace(taken, needed=needed, max_queue=queue, source="server",
+                          windows_per_input=max(1, math.ceil(needed / over_inputs)))  # fmt: skip
+    else:
+        refused = replace(taken, source="estimate")
+    legal = min(over_inputs, refused.max_queue // refused.windows_per_input)
+    if legal >= 1:
+        return replace(refused, legal_inputs=legal)
+    # one longest input alone needs more rows than the queue holds: one shorter input, with a margin
+    shorter = max(1, int(chars * refused.max_queue / refused.windows_per_input * 0.8))
+    return replace(refused, windows_per_input=refused.max_queue, legal_inputs=1, input_chars=shorter)
+
+
+def max_size_requests(
+    models: dict[str, ModelInfo], texts: Texts, limits: Limits, grpc: bool, windowed: dict[str, Windowed]
+) -> list[Request]:
+    """The largest legal request of each kind the server serves: bodies and messages under max_body_bytes, at most
+    max_inputs inputs of at most max_text_chars each, and QA / NER requests of at most the queue's windows
+    (`windowed`, sized by `size_windowed`)."""
     n = limits.max_inputs
     requests: list[Request] = []
-    if "qa" in models:
-        question = texts.qa[0][0]
-        context = texts.filler(min(limits.max_text_chars, int(limits.max_body_bytes * 0.97) - 200))
-        pairs = max(1, min(n, int(limits.max_body_bytes * 0.97) // (len(context) + len(question) + 40)))
-        requests.append(_rest("max /qa one longest context", "/qa", {"question": question, "context": context}))
-        requests.append(_rest(f"max /qa {pairs} longest contexts", "/qa",
-                              {"inputs": [{"question": question, "context": context}] * pairs}))  # fmt: skip
-        if grpc:
-            message = pb.ExtractRequest(inputs=[pb.QAInput(question=question, context=context)])
-            requests.append(GrpcRequest("max Extract one longest context", EXTRACT, message))
-    for task, path, key in (
-        ("classify", "/classify", "inputs"),
-        ("ner", "/ner", "inputs"),
-        ("embed", "/embed", "inputs"),
-    ):
+    for task, sized in windowed.items():
+        name = windowed_name(task, "max", sized.legal_inputs)
+        requests.append(windowed_request(task, name, texts, sized.legal_inputs, sized.input_chars))
+        if grpc and task == "qa":
+            name = f"max Extract {sized.legal_inputs} longest context{'' if sized.legal_inputs == 1 else 's'}"
+            requests.append(extract_request(name, texts, sized.legal_inputs, sized.input_chars))
+    for task, path, key in (("classify", "/classify", "inputs"), ("embed", "/embed", "inputs")):
         if task in models:
             requests.append(_rest(f"max {path} {n} inputs", path, {key: _fit_texts(texts, n, limits, 64)}))
     if "fill-mask" in models:
@@ -298,6 +402,9 @@ def malformed_rest(models: dict[str, ModelInfo], limits: Limits) -> list[Malform
            {"inputs": ["a", {"text": "a", "text_pair": "b"}]})),
         _m(f"{limits.max_inputs + 1} inputs", _rest(f"{limits.max_inputs + 1} inputs", "/classify",
            {"inputs": ["fine"] * (limits.max_inputs + 1)})),
+        _m("a text over max_text_chars", _rest("a text over max_text_chars", "/classify",
+           {"inputs": _words(limits.max_text_chars + 1)})),
+        _m("a body over max_body_bytes", _rest("a body over max_body_bytes", "/classify", _over_body(limits))),
         _m("random bytes body", _raw_rest("random bytes body", random.Random(1).randbytes(65536))),
         _m("GET /classify", RestRequest("GET /classify", "/classify", b"", method="GET")),
         _m("POST /nowhere", _rest("POST /nowhere", "/nowhere", {"inputs": "fine"})),
@@ -313,6 +420,19 @@ def malformed_rest(models: dict[str, ModelInfo], limits: Limits) -> list[Malform
         cases.append(_m("token ids to /v1/embeddings", _rest("token ids to /v1/embeddings", "/v1/embeddings",
                         {"input": [[101, 2023, 102]]})))  # fmt: skip
     return cases
+
+
+def _words(chars: int) -> str:
+    """Exactly `chars` characters of words."""
+    return ("word " * (chars // 5 + 1))[: chars - 1] + "x"
+
+
+def _over_body(limits: Limits) -> dict[str, Any]:
+    """A /classify body just over max_body_bytes, of texts within max_text_chars (within max_inputs too where
+    the limits allow it: only the body's size is wrong then)."""
+    per_text = min(limits.max_text_chars, max(1, limits.max_body_bytes // max(1, limits.max_inputs)) + 1)
+    count = limits.max_body_bytes // per_text + 1
+    return {"inputs": [_words(per_text)] * count}
 
 
 def malformed_http(limits: Limits) -> list[Malformed]:
@@ -371,6 +491,8 @@ def malformed_grpc(models: dict[str, ModelInfo], limits: Limits) -> list[Malform
         _m("top_k 2^32-1", GrpcRequest("top_k 2^32-1", CLASSIFY, text + _field(2, 0, 2**32 - 1)), "ok", "client-error"),
         _m("unknown method", GrpcRequest("unknown method", "/bert.v1.Classifier/Nope", text)),
         _m("unknown service", GrpcRequest("unknown service", "/bert.v9.Nothing/Here", text)),
+        _m("ClassifyRequest text over max_text_chars", GrpcRequest("ClassifyRequest text over max_text_chars", CLASSIFY,
+           pb.ClassifyRequest(inputs=[pb.TextInput(text=_words(limits.max_text_chars + 1))]))),
         _m("message over the limit", GrpcRequest("message over the limit", CLASSIFY,
            _field(1, 2, _field(1, 2, b"a" * (limits.max_body_bytes + 1024)))), "rejected", "client-error"),
         _m("100 metadata entries", GrpcRequest("100 metadata entries", CLASSIFY, text,

@@ -15,6 +15,12 @@ OK_ONLY = frozenset({"ok"})
 DEFAULT_ALLOWED = frozenset({"ok", "client-error", "rejected"})
 UNDER_LOAD = frozenset({"ok", "rejected", "unavailable"})
 BIG_ALLOWED = frozenset({"ok", "rejected", "unavailable", "timeout"})
+OVER = "over "
+"""The names of the max-size phase's requests over a bound (a 4xx other than 429 expected): `over /qa 19 ...`."""
+
+
+def is_over(name: str) -> bool:
+    return name.startswith(OVER)
 
 
 def allowed_classes(phase: str, name: str, malformed: dict[str, frozenset[str]]) -> frozenset[str]:
@@ -24,6 +30,8 @@ def allowed_classes(phase: str, name: str, malformed: dict[str, frozenset[str]])
         return OK_ONLY
     if phase == "malformed":
         return malformed.get(name, DEFAULT_ALLOWED)
+    if phase == "max-size" and is_over(name):
+        return DEFAULT_ALLOWED
     if phase == "max-size" and name != SMALL:
         return BIG_ALLOWED
     if phase in ("flood", "max-size", "slow") or phase.endswith("recovery") or phase == "after":
@@ -117,8 +125,21 @@ def _found(counts: dict[str, int], most: int = 8) -> str:
 
 def _max_size(checks: Checks, row: dict[str, Any], small: dict[str, Any], config: dict[str, Any]) -> None:
     _small_checks(checks, "max-size", small, config, "while maximum-size requests run")
-    wrong = _outside(row, BIG_ALLOWED, lambda name: name != SMALL)
+    wrong = _outside(row, BIG_ALLOWED, lambda name: name != SMALL and not is_over(name))
     checks.add(f"max-size: maximum-size requests answered 200 / 429 / 503 / 504 only{_found(wrong)}", not wrong)
+    over = row.get("over", [])
+    if over:
+        answers = ", ".join(f"{item['name']} ({item['bound']}): {item['status']}" for item in over)
+        refused = all(item["class"] == "client-error" for item in over)
+        checks.add(f"max-size: requests over a bound answered 4xx (not 429): {answers}", refused)
+    for task, sized in row.get("windowed", {}).items():
+        if sized["source"] == "accepted":
+            checks.add(
+                f"max-size: {sized['over_inputs']} longest {task} inputs were taken ({sized['over_status']}): "
+                "the queue holds them, no request over it was sent",
+                True,
+                skipped=True,
+            )
 
 
 def _flood(checks: Checks, row: dict[str, Any], config: dict[str, Any]) -> None:

@@ -37,6 +37,8 @@ STATUS_CLASSES = ("ok", "client-error", "rejected", "unavailable", "timeout", "s
 """ok; client-error (4xx but 429, gRPC INVALID_ARGUMENT ...); rejected (429, RESOURCE_EXHAUSTED); unavailable (503,
 UNAVAILABLE); timeout (504, DEADLINE_EXCEEDED, or no answer within the client's timeout); server-error (500 and the
 other 5xx, INTERNAL, UNKNOWN, DATA_LOSS); connection (reset or closed without an answer)."""
+DETAIL_BYTES = 400
+"""What a call keeps of an error answer's body or gRPC details (enough for the server's message)."""
 
 
 @dataclass
@@ -121,7 +123,7 @@ async def rest_call(
             text = await response.read()
             status = str(response.status)
             if response.status >= 400:
-                detail = text[:200].decode("utf-8", "replace")
+                detail = text[:DETAIL_BYTES].decode("utf-8", "replace")
     except TimeoutError:
         status = "no-answer"
     except aiohttp.ClientError as error:
@@ -157,7 +159,7 @@ async def grpc_call(
     try:
         await call(request.message, timeout=request.timeout_s or timeout_s, metadata=request.metadata or None)
     except grpc.aio.AioRpcError as error:
-        status, detail = error.code().name, (error.details() or "")[:200]
+        status, detail = error.code().name, (error.details() or "")[:DETAIL_BYTES]
     return Call(phase, request.name, status, start, (clock.now() - start) * 1000.0, detail)
 
 

@@ -149,9 +149,10 @@ def hostile_lines(hostile: dict[str, Any]) -> list[str]:
         f"Server RSS from {hostile['rss_source']}: {_mb(hostile['rss_start_mb'])} MB at the start, "
         f"{_mb(hostile['rss_end_mb'])} MB at the end, peak {_mb(hostile['rss_peak_mb'])} MB (rss.png).",
         "",
-        "| phase | seconds | RSS MB start → end (peak) | requests: status × count |",
-        "|---|---:|---|---|",
     ]
+    if hostile.get("limits"):
+        lines += [_limits_line(hostile["limits"]), ""]
+    lines += ["| phase | seconds | RSS MB start → end (peak) | requests: status × count |", "|---|---:|---|---|"]
     for row in hostile["phases"]:
         statuses = "; ".join(f"{name}: {_statuses(counts)}" for name, counts in row["statuses"].items())
         lines.append(
@@ -162,6 +163,40 @@ def hostile_lines(hostile: dict[str, Any]) -> list[str]:
     for row in hostile["phases"]:
         lines += _hostile_phase_details(row)
     return lines
+
+
+def _limits_line(limits: dict[str, Any]) -> str:
+    source = limits.get("source", {})
+    names = ("max_inputs", "max_text_chars", "max_body_bytes", "max_queue")
+    stated = ", ".join(f"{name} {limits[name]:,} ({source.get(name, 'config')})" for name in names if name in limits)
+    return f"Server limits the requests are sized by: {stated} (openapi: its schema; config: --hostile)."
+
+
+def _windowed_lines(row: dict[str, Any]) -> list[str]:
+    lines = []
+    for task, sized in row.get("windowed", {}).items():
+        what = "contexts" if task == "qa" else "texts"
+        if sized["source"] == "accepted":
+            said = f"taken ({sized['over_status']}): the queue holds them; that request is the largest sent"
+        elif sized["source"] == "server":
+            said = (
+                f"need {sized['needed']:,} windows by the server's count, over its queue of {sized['max_queue']:,}: "
+                f"{sized['over_status']}"
+            )
+        else:
+            said = f"{sized['over_status']}, without a count of windows (estimated {sized['windows_per_input']} each)"
+        lines.append(
+            f"- /{task}: {sized['over_inputs']} longest {what} ({sized['over_chars']:,} characters each) {said}; "
+            f"the largest legal request: {_legal(sized)}."
+        )
+    return ["Largest legal QA / NER requests (one model row per window; one request may need at most its "
+            "model's queue):", "", *lines, ""] if lines else []  # fmt: skip
+
+
+def _legal(sized: dict[str, Any]) -> str:
+    if sized["input_chars"] == sized["over_chars"]:
+        return f"{sized['legal_inputs']} of them = {sized['legal_windows']:,} windows"
+    return f"one of {sized['input_chars']:,} characters (at most {sized['legal_windows']:,} windows)"
 
 
 def _slow_lines(results: list[dict[str, Any]]) -> list[str]:
@@ -190,6 +225,10 @@ def _hostile_phase_details(row: dict[str, Any]) -> list[str]:
             growth = sweep.get("rss_growth_mb")
             lines.append(f"| {name} | {sweep['sent']} | {'–' if growth is None else f'{growth:+.1f}'} |")
         lines.append("")
+    lines += _windowed_lines(row)
+    if row.get("over"):
+        over = "; ".join(f"{item['name']} ({item['bound']}): {item['status']}" for item in row["over"])
+        lines += [f"Requests over a bound: {over}.", ""]
     if row.get("requests"):
         sizes = ", ".join(f"{name} ({size / 1e6:.2f} MB)" for name, size in row["requests"].items())
         lines += [f"Maximum-size requests: {sizes}.", ""]

@@ -5,8 +5,12 @@ Sound: requests in flight bounded (429 beyond `--max-in-flight`), every connecti
 within `--cut-s` seconds (then the connection is closed), bodies over the limit refused (413), bad JSON 400,
 wrong shapes and values 422, unknown paths 404, broken HTTP 400; RSS exported as
 `process_resident_memory_bytes` on /metrics.
+With `--qa-chars-per-window N` it also serves /qa: a context needs one window per N characters, and a request
+that needs more windows than `--max-queue` is refused with 422 and the real server's message (the windows it
+needs, the queue's size).
 Faults: `--leak-mb-per-top-k MB` keeps MB of memory per distinct top_k ever seen (state grown by a request value);
-`--error-on-bad-json` answers 500 to a body that is not JSON; `--no-cut` never cuts a slow client.
+`--error-on-bad-json` answers 500 to a body that is not JSON; `--no-cut` never cuts a slow client;
+`--over-queue-status 500` answers a QA request over the queue with 500 instead of 422.
 Run: `python -m tests.loadtests.hostile_fake_server --port 8123 [faults]`; it prints `ready` once listening.
 Reference: https://h11.readthedocs.io/en/latest/api.html
 """
@@ -25,6 +29,7 @@ import h11
 
 MAX_BODY = 2_000_000
 MAX_INPUTS = 64
+MAX_TEXT_CHARS = 100_000
 
 
 class State:
@@ -55,7 +60,63 @@ def _check_texts(inputs: Any) -> str | None:
         return f"between 1 and {MAX_INPUTS} inputs"
     if not all(isinstance(item, str) and item.strip() for item in items):
         return "inputs must be non-blank strings"
+    if any(len(item) > MAX_TEXT_CHARS for item in items):
+        return f"texts of at most {MAX_TEXT_CHARS} characters"
     return None
+
+
+QA_OPTIONS = {"doc_stride": (0, 63), "top_k": (1, 20), "max_answer_len": (1, 512)}
+"""The QA options the fake takes, with their legal ranges (beyond them: 422)."""
+
+
+def _qa_pairs(body: Any) -> list[tuple[Any, Any]] | str:
+    """The (question, context) pairs of a /qa body, or what is wrong with it."""
+    if not isinstance(body, dict) or set(body) - {"inputs", "question", "context", *QA_OPTIONS}:
+        return "a JSON object with inputs, or question and context (and options)"
+    if "inputs" in body:
+        items = body["inputs"]
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            return "inputs must be a list of {question, context}"
+        return [(item.get("question"), item.get("context")) for item in items]
+    return [(body.get("question"), body.get("context"))]
+
+
+def _qa_problem(body: Any) -> str | None:
+    pairs = _qa_pairs(body)
+    if isinstance(pairs, str):
+        return pairs
+    if not 1 <= len(pairs) <= MAX_INPUTS:
+        return f"between 1 and {MAX_INPUTS} pairs"
+    texts = [text for pair in pairs for text in pair]
+    if not all(isinstance(text, str) and text.strip() and len(text) <= MAX_TEXT_CHARS for text in texts):
+        return f"questions and contexts must be non-blank strings of at most {MAX_TEXT_CHARS} characters"
+    for option, (low, high) in QA_OPTIONS.items():
+        value = body.get(option, low)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            return f"{option} must be an integer in [{low}, {high}]"
+    return None
+
+
+async def _qa(state: State, raw: bytes) -> tuple[int, bytes, str]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return _error(400, "the body is not JSON")
+    problem = _qa_problem(body)
+    if problem:
+        return _error(422, problem)
+    pairs = _qa_pairs(body)
+    assert isinstance(pairs, list)
+    windows = sum(math.ceil(len(context) / state.options.qa_chars_per_window) for _, context in pairs)
+    if windows > state.options.max_queue:
+        return _error(
+            state.options.over_queue_status,
+            f"the request needs {windows} sequences, more than this model's queue holds ({state.options.max_queue});"
+            " send fewer or shorter inputs",
+        )
+    await asyncio.sleep(0.001 * windows)  # the "inference"
+    answer = [{"answer": "x", "score": 0.5, "start": 0, "end": 1}]
+    return _json_response(200, [answer] * len(pairs) if "inputs" in body else answer)
 
 
 def _classify_problem(state: State, body: Any) -> str | None:
@@ -99,15 +160,22 @@ async def _classify(state: State, raw: bytes, headers: dict[bytes, bytes]) -> tu
     return _json_response(200, [answer] * count if isinstance(body["inputs"], list) else answer)
 
 
+def _models(state: State) -> list[dict[str, Any]]:
+    models = [{"name": "fake", "task": "classify", "max_seq_length": 128, "is_default": True}]
+    if state.options.qa_chars_per_window > 0:
+        models.append({"name": "fake-qa", "task": "qa", "max_seq_length": 128, "is_default": True})
+    return models
+
+
 async def route(state: State, method: bytes, path: bytes, raw: bytes, headers: dict[bytes, bytes]) -> tuple:
     if path in (b"/health/ready", b"/health/live"):
         return _json_response(200, {"status": "ready"})
     if path == b"/metrics":
         return 200, f"process_resident_memory_bytes {_rss()}.0\n".encode(), "text/plain"
     if path == b"/v1/models":
-        return _json_response(200, {"models": [{"name": "fake", "task": "classify", "max_seq_length": 128,
-                                                "is_default": True}]})  # fmt: skip
-    if path != b"/classify":
+        return _json_response(200, {"models": _models(state)})
+    serves_qa = path == b"/qa" and state.options.qa_chars_per_window > 0
+    if path != b"/classify" and not serves_qa:
         return _error(404, "not found")
     if method != b"POST":
         return _error(405, "method not allowed")
@@ -115,7 +183,7 @@ async def route(state: State, method: bytes, path: bytes, raw: bytes, headers: d
         return _error(429, "busy")
     state.in_flight += 1
     try:
-        return await _classify(state, raw, headers)
+        return await (_qa(state, raw) if serves_qa else _classify(state, raw, headers))
     finally:
         state.in_flight -= 1
 
@@ -195,6 +263,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--leak-mb-per-top-k", type=float, default=0.0)
     parser.add_argument("--error-on-bad-json", action="store_true")
     parser.add_argument("--no-cut", action="store_true")
+    parser.add_argument("--qa-chars-per-window", type=int, default=0)
+    parser.add_argument("--max-queue", type=int, default=40)
+    parser.add_argument("--over-queue-status", type=int, default=422)
     return parser.parse_args(argv)
 
 

@@ -1,6 +1,7 @@
-"""The hostile profile: its options, its status classes and checks, and short runs that pass a sound server,
-flag a server that breaks bounds (memory grown per request value, 500s for bad JSON, slow clients never cut),
-and measure the real tiny-model server (RSS from /proc, both front doors)."""
+"""The hostile profile: its options, its status classes and checks, the sizing of its largest legal requests,
+and short runs that pass a sound server, flag a server that breaks bounds (memory grown per request value, 500s
+for bad JSON or for a request over its queue, slow clients never cut), and measure the real tiny-model server
+(RSS from /proc, both front doors)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtests import hostile_cases as cases
 from loadtests.hostile import HostileConfig, parse_hostile
 from loadtests.hostile_checks import hostile_checks
 from loadtests.hostile_net import parse_rss_metric, status_class
@@ -62,6 +64,43 @@ def test_rss_metric_is_read_from_an_exposition() -> None:
     text += "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes 1.2345e+08\n"
     assert parse_rss_metric(text) == 123450000
     assert parse_rss_metric("requests_total 3\n") is None
+
+
+REFUSAL = "the request needs 1919 sequences, more than this model's queue holds (512); send fewer or shorter inputs"
+
+
+def test_the_largest_legal_qa_request_comes_from_the_servers_count_of_windows() -> None:
+    limits = cases.Limits()
+    sized = cases.size_windowed("qa", 19, "422", '{"error": {"message": "' + REFUSAL + '"}}', limits, 100_000, 999)
+    assert (sized.needed, sized.max_queue, sized.windows_per_input, sized.source) == (1919, 512, 101, "server")
+    assert (sized.legal_inputs, sized.legal_windows, sized.input_chars) == (5, 505, 100_000)
+    over_grpc = cases.size_windowed("qa", 19, "INVALID_ARGUMENT", REFUSAL, cases.Limits(max_queue=64), 100_000, 9)
+    assert (over_grpc.max_queue, over_grpc.legal_inputs) == (512, 5)  # the server's queue, not the config's
+    guessed = cases.size_windowed("ner", 19, "422", "too many", cases.Limits(max_queue=100), 100_000, 30)
+    assert (guessed.source, guessed.needed, guessed.legal_inputs, guessed.legal_windows) == ("estimate", None, 3, 90)
+    taken = cases.size_windowed("qa", 19, "200", "", limits, 100_000, 30)
+    assert (taken.source, taken.legal_inputs) == ("accepted", 19)
+    alone = cases.size_windowed("qa", 2, "422", REFUSAL.replace("1919", "1200"), limits, 100_000, 30)
+    assert (alone.legal_inputs, alone.input_chars, alone.legal_windows) == (1, 68_266, 512)  # 600 windows each
+    # the estimate errs towards more windows than a server's 4 characters a token and doc_stride 128 give
+    assert cases.estimate_windows("qa", 100_000, 384, 60) == 185
+    assert cases.estimate_windows("ner", 300, 128) == 1
+
+
+def test_maximum_and_over_the_limit_requests_fill_each_limit_exactly() -> None:
+    limits = cases.Limits(max_inputs=64, max_text_chars=100_000, max_body_bytes=2_000_000)
+    texts = cases.Texts(["A fine film \u00e9."], [("Who wrote it?", "Ada wrote it in \u201cLondon\u201d.")])
+    count = cases.longest_input_count("qa", texts, limits, limits.max_text_chars)
+    over = cases.windowed_request("qa", "over", texts, count, limits.max_text_chars)
+    assert 1 < count < 19 and len(over.body) <= limits.max_body_bytes  # \u escapes counted: fewer than 19 fit
+    one_more = cases.windowed_request("qa", "over", texts, count + 1, limits.max_text_chars)
+    assert len(one_more.body) > limits.max_body_bytes * 0.97
+    bodies = {case.name: case.request for case in cases.malformed_rest({}, limits)}
+    body = json.loads(bodies["a body over max_body_bytes"].body)  # type: ignore[union-attr]
+    assert len(bodies["a body over max_body_bytes"].body) > limits.max_body_bytes  # type: ignore[union-attr]
+    assert len(body["inputs"]) <= limits.max_inputs and max(map(len, body["inputs"])) <= limits.max_text_chars
+    text = json.loads(bodies["a text over max_text_chars"].body)["inputs"]  # type: ignore[union-attr]
+    assert len(text) == limits.max_text_chars + 1
 
 
 def _row(phase: str, statuses: dict[str, dict[str, int]], **details: object) -> dict:
@@ -170,6 +209,41 @@ def test_broken_bounds_exit_4(fake_server: str, tmp_path: Path) -> None:
     assert failed[5].startswith("0 5xx other than the intended ones") and "malformed: body not JSON 500" in failed[5]
     passed = [c["description"] for c in result.summary["checks"] if c["passed"]]
     assert any(d.startswith("flood: 50 connections answered only 200 / 429 / 503") for d in passed)
+
+
+QA_FAKE = ("--qa-chars-per-window", "20000", "--max-queue", "40")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("fake_server", "over_status"),
+    [(QA_FAKE, "422"), ((*QA_FAKE, "--over-queue-status", "500"), "500")],
+    indirect=["fake_server"],
+)
+def test_qa_requests_are_sized_by_the_servers_queue(fake_server: str, over_status: str, tmp_path: Path) -> None:
+    short = SHORT + ",phases=warmup+max-size"
+    options = RunOptions(profile="hostile", host=fake_server, hostile=short, results_dir=tmp_path / "results")
+    with open(tmp_path / "progress.txt", "w") as out:
+        result = execute(plan_run(options), options, out)
+    row = result.summary["targets"]["external"]["hostile"]["phases"][1]
+    # 19 contexts of 100,000 characters fill the body: 5 windows each, 95 > 40; the largest legal: 8 = 40 windows
+    qa = row["windowed"]["qa"]
+    assert (qa["over_inputs"], qa["needed"], qa["max_queue"], qa["source"]) == (19, 95, 40, "server")
+    assert (qa["legal_inputs"], qa["legal_windows"]) == (8, 40)
+    assert row["statuses"]["over /qa 19 longest contexts"] == {over_status: 1}
+    assert set(row["statuses"]["max /qa 8 longest contexts"]) == {"200"}
+    checks = {c["description"]: c["passed"] for c in result.summary["checks"]}
+    refused = [d for d in checks if d.startswith("max-size: requests over a bound answered 4xx")]
+    assert refused == [f"max-size: requests over a bound answered 4xx (not 429): over /qa 19 longest contexts "
+                       f"(95 windows > 40): {over_status}"]  # fmt: skip
+    failed = [d for d, passed in checks.items() if not passed]
+    if over_status == "422":
+        assert result.exit_code == 0 and not failed, result.summary["checks"]
+    else:
+        assert result.exit_code == 4
+        assert failed == [
+            refused[0], "0 5xx other than the intended ones (found: max-size: over /qa 19 longest contexts 500 x1)"
+        ]  # fmt: skip
 
 
 @pytest.mark.slow
