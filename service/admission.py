@@ -1,9 +1,12 @@
 """Admission: what bounds the work a process takes on before any of it is done.
 
-- `Door`: one bound on the requests in progress in this process, REST and gRPC together, counted from a request's
-  arrival (its headers), before its body is read, parsed or tokenized. A request beyond it is refused at once
-  (429 / RESOURCE_EXHAUSTED with Retry-After); health, metrics and the playground page stay outside the bound.
-  Both front doors run on one event loop, so the count is a plain integer touched only from that loop.
+- `Door`: two bounds per process, REST and gRPC together. A request is counted from its arrival (its headers)
+  among the requests *receiving* (`receiving_limit`: their body or gRPC message still arriving; cheap: each holds
+  at most max_body_bytes, for at most the body timeout, and no worker), and once its body is complete, before it
+  is parsed or tokenized, among the requests *in progress* (`limit`: the work). A request beyond either bound is
+  refused at once (429 / RESOURCE_EXHAUSTED with Retry-After), so clients that send their bodies slowly cannot
+  fill the work bound; health, metrics and the playground page stay outside both. Both front doors run on one
+  event loop, so the counts are plain integers touched only from that loop.
 - `BoundedExecutor`: the worker threads that tokenize and post-process large requests, with a bounded queue: a job
   beyond it is refused at once (`Overloaded`) instead of waiting in the unbounded queue of `asyncio.to_thread`.
 - `QueueReservations`: a request's model rows are judged against its model's batcher queue as soon as they are
@@ -31,39 +34,89 @@ T = TypeVar("T")
 
 
 class Door:
-    """Counts the requests in progress of both front doors; `enter` refuses one beyond `limit`."""
+    """The door's two bounds, shared by both front doors: requests still receiving their body (or gRPC message)
+    and requests at work. `arrive` counts a request at its arrival under `receiving_limit`; its `Ticket.admit`, once
+    the body is complete (before it is parsed), moves it under `limit`. Either refuses when full."""
 
-    def __init__(self, limit: int, metrics: ServiceMetrics) -> None:
-        if limit < 1:
-            raise ValueError(f"the door's limit must be at least 1, got {limit}")
+    def __init__(self, limit: int, metrics: ServiceMetrics, receiving_limit: int | None = None) -> None:
+        receiving_limit = limit if receiving_limit is None else receiving_limit
+        if limit < 1 or receiving_limit < 1:
+            raise ValueError(f"the door's limits must be at least 1, got {limit} and receiving {receiving_limit}")
         self.limit = limit
+        self.receiving_limit = receiving_limit
         self._metrics = metrics
         self._in_progress = 0
+        self._receiving = 0
         metrics.in_progress.set_function(lambda: self._in_progress)
+        metrics.receiving.set_function(lambda: self._receiving)
 
     @property
     def in_progress(self) -> int:
+        """Requests at work: body complete, not answered yet."""
         return self._in_progress
 
-    def enter(self, transport: str) -> bool:
-        """Count a request that just arrived over `transport` (http, grpc); False (and counted as a rejection) when
-        `limit` requests are in progress already. Every True must be followed by exactly one `leave()`."""
-        if self._in_progress >= self.limit:
-            self._metrics.door_rejections.labels(transport).inc()
-            return False
-        self._in_progress += 1
-        return True
+    @property
+    def receiving(self) -> int:
+        """Requests counted at their arrival whose body (gRPC: message) is not complete yet."""
+        return self._receiving
 
-    def leave(self) -> None:
-        """A request counted by `enter` ended (answered, failed or abandoned)."""
-        assert self._in_progress > 0, "leave() without enter()"
-        self._in_progress -= 1
+    def arrive(self, transport: str) -> Ticket | None:
+        """Count a request that just arrived over `transport` (http, grpc) as receiving; None (and counted as a
+        rejection) when `receiving_limit` requests are receiving already. Close every ticket once."""
+        if self._receiving >= self.receiving_limit:
+            self._metrics.door_rejections.labels(transport, "receiving").inc()
+            return None
+        self._receiving += 1
+        return Ticket(self, transport)
 
-    def refusal(self) -> Overloaded:
-        """The error a refused request ends with."""
+    def refusal(self, bound: str = "in_progress") -> Overloaded:
+        """The error a request refused by `bound` (receiving, in_progress) ends with."""
+        if bound == "receiving":
+            return Overloaded(
+                f"the server is at capacity ({self.receiving_limit} requests receiving their body, the max_receiving "
+                "setting); retry later"
+            )
         return Overloaded(
             f"the server is at capacity ({self.limit} requests in progress, the max_in_progress setting); retry later"
         )
+
+
+class Ticket:
+    """One request's place at the door: receiving, then (after `admit`) at work, until `close`."""
+
+    __slots__ = ("_door", "_stage", "transport")
+
+    def __init__(self, door: Door, transport: str) -> None:
+        self._door = door
+        self.transport = transport
+        self._stage = "receiving"
+
+    @property
+    def stage(self) -> str:
+        """receiving, in_progress, or closed."""
+        return self._stage
+
+    def admit(self) -> bool:
+        """The body is complete: give back the receiving place and take a place at work; False (counted as a
+        rejection, the ticket closed) when `limit` requests are at work already."""
+        assert self._stage == "receiving", f"admit() of a ticket {self._stage}"
+        door = self._door
+        door._receiving -= 1
+        if door._in_progress >= door.limit:
+            self._stage = "closed"
+            door._metrics.door_rejections.labels(self.transport, "in_progress").inc()
+            return False
+        door._in_progress += 1
+        self._stage = "in_progress"
+        return True
+
+    def close(self) -> None:
+        """The request ended (answered, failed, refused or abandoned): give back its place; idempotent."""
+        if self._stage == "receiving":
+            self._door._receiving -= 1
+        elif self._stage == "in_progress":
+            self._door._in_progress -= 1
+        self._stage = "closed"
 
 
 class BoundedExecutor:
@@ -144,4 +197,4 @@ class QueueReservations:
             self._held[queue.model] -= sequences
 
 
-__all__ = ["BoundedExecutor", "Door", "QueueReservations"]
+__all__ = ["BoundedExecutor", "Door", "QueueReservations", "Ticket"]

@@ -140,8 +140,8 @@ class InferenceService:
         self.state = ServiceState()
         self.failure_hooks: list[Callable[[str], None]] = []
         """Called on the event loop, once, when the server fails for good (`fail`), with the reason."""
-        self.door = Door(settings.max_in_progress, self.metrics)
-        """Requests in progress over both front doors (entered by the REST middleware and the gRPC interceptor)."""
+        self.door = Door(settings.max_in_progress, self.metrics, receiving_limit=settings.max_receiving)
+        """Requests receiving and at work over both front doors (the REST middleware and the gRPC interceptor)."""
         self.executor = BoundedExecutor(settings.tokenize_threads, settings.tokenize_queue)
         self.reservations = QueueReservations(self.metrics)
 

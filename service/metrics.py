@@ -76,13 +76,20 @@ class ServiceMetrics:
         self.ready = Gauge("bertserve_ready", "1 once every model is loaded and warmed up.", registry=r)
         self.door_rejections = Counter(
             "bertserve_door_rejected",
-            "Requests refused on arrival because max_in_progress requests were in progress, by front door.",
-            ["transport"],
+            "Requests refused at the door, by front door and bound: receiving (max_receiving requests were receiving "
+            "their body, on arrival) or in_progress (max_in_progress requests were at work, once the body came).",
+            ["transport", "bound"],
             registry=r,
         )
         self.in_progress = Gauge(
             "bertserve_in_progress",
-            "Requests in progress, both front doors together (what the door bounds).",
+            "Requests at work (body complete, not answered yet), both front doors together (max_in_progress).",
+            registry=r,
+        )
+        self.receiving = Gauge(
+            "bertserve_receiving",
+            "Requests counted on arrival whose body (gRPC: message) is still arriving, both front doors together "
+            "(max_receiving).",
             registry=r,
         )
         self.slow_clients = Counter(

@@ -174,9 +174,18 @@ class ServiceSettings(BaseSettings):
     max_in_progress: int = Field(
         default=64,
         ge=1,
-        description="Requests in progress in this process, REST and gRPC together, counted from their arrival (before "
-        "their body is read or tokenized); beyond it requests get 429 / RESOURCE_EXHAUSTED at once. Health, metrics "
-        "and the playground page are not counted. Twice the closed-loop users that saturate 2 cores.",
+        description="Requests at work in this process, REST and gRPC together, counted from the moment their whole "
+        "body (gRPC: message) is in, before it is parsed or tokenized; beyond it requests get 429 / RESOURCE_EXHAUSTED "
+        "at once. Health, metrics and the playground page are not counted. Twice the closed-loop users that saturate "
+        "2 cores.",
+    )
+    max_receiving: int = Field(
+        default=128,
+        ge=1,
+        description="Requests still receiving their body (gRPC: message), REST and gRPC together, counted from their "
+        "arrival (the headers); beyond it requests get 429 / RESOURCE_EXHAUSTED at once. A separate, larger bound than "
+        "max_in_progress, so that clients sending their bodies slowly hold no place at work: each costs no worker, "
+        "at most max_body_bytes of memory and at most body_timeout_s.",
     )
     tokenize_threads: int = Field(
         default=2,

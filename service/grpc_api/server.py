@@ -3,9 +3,9 @@
 Health reports NOT_SERVING until models are loaded and warmed up, again from the start of shutdown, and from the
 moment the server fails for good (the lifespan's failure hook; the process then drains and exits 1).
 Health and reflection stay public when an API key is set. Message size is capped like the HTTP body.
-Every other RPC is counted in the service's door (shared with REST) from its arrival, before its message is read:
-beyond the door's limit it ends at once with RESOURCE_EXHAUSTED, and one whose message does not arrive within
-`body_timeout_s` ends with CANCELLED (`AdmissionInterceptor`).
+Every other RPC is counted in the service's door (shared with REST): among the RPCs receiving from its arrival,
+among those at work once its message is in; beyond either bound it ends at once with RESOURCE_EXHAUSTED, and one
+whose message does not arrive within `body_timeout_s` ends with CANCELLED (`AdmissionInterceptor`).
 References: https://github.com/grpc/grpc/blob/master/doc/health-checking.md ,
 https://grpc.github.io/grpc/python/grpc_asyncio.html
 """
@@ -22,8 +22,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from service.admission import Door
-from service.errors import InvalidInput, Unauthenticated
+from service.admission import Door, Ticket
+from service.errors import InvalidInput, ServiceError, Unauthenticated
 from service.grpc_api.servicers import (
     ClassifierServicer,
     EmbedderServicer,
@@ -76,20 +76,18 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
 
 class AdmissionInterceptor(grpc.aio.ServerInterceptor):
-    """Counts each RPC but health and reflection in `door` from its arrival to its end (the end of grpc.aio's task
-    for the RPC, whatever ends it); RESOURCE_EXHAUSTED at once when the door is full. A unary RPC is served by a
-    handler that reads its message itself, so that one whose message does not arrive within `receive_timeout_s`
-    ends with CANCELLED and a message (a cancelled task alone would leave the caller waiting)."""
+    """Counts each RPC but health and reflection in `door` (shared with REST): among the RPCs receiving from its
+    arrival, among those at work once its message is in, until its end (the end of grpc.aio's task for the RPC,
+    whatever ends it); RESOURCE_EXHAUSTED at once when either bound is full. A unary RPC is served by a handler that
+    reads its message itself, so that one whose message does not arrive within `receive_timeout_s` ends with
+    CANCELLED and a message (a cancelled task alone would leave the caller waiting), and so that a slow message
+    holds no place at work."""
 
     def __init__(self, door: Door, receive_timeout_s: float, on_timeout: Callable[[], None] | None = None) -> None:
         self._door = door
         self._receive_timeout_s = receive_timeout_s
         self._on_timeout = on_timeout
-
-        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await abort(context, door.refusal())
-
-        self._refuse = grpc.unary_unary_rpc_method_handler(refuse)
+        self._refuse = {bound: _refusing(door.refusal(bound)) for bound in ("receiving", "in_progress")}
 
     async def intercept_service(
         self,
@@ -99,29 +97,35 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
         task = asyncio.current_task()
         if (handler_call_details.method or "").startswith(PUBLIC_PREFIXES) or task is None:
             return await continuation(handler_call_details)
-        if not self._door.enter("grpc"):
-            return self._refuse
-        task.add_done_callback(lambda _: self._door.leave())
+        ticket = self._door.arrive("grpc")
+        if ticket is None:
+            return self._refuse["receiving"]
+        task.add_done_callback(lambda _: ticket.close())
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.response_streaming:
+        if handler is None:
             return handler
-        return self._timed(handler)
+        if handler.request_streaming or handler.response_streaming:
+            return handler if ticket.admit() else self._refuse["in_progress"]
+        return self._timed(handler, ticket)
 
-    def _timed(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _timed(self, handler: grpc.RpcMethodHandler, ticket: Ticket) -> grpc.RpcMethodHandler:
         behaviour, timeout_s, on_timeout = handler.unary_unary, self._receive_timeout_s, self._on_timeout
+        door = self._door
 
         async def receive_then_run(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
             try:
                 async with asyncio.timeout(timeout_s):
-                    request = await anext(aiter(requests), None)
+                    request = await context.read()
             except TimeoutError:
                 if on_timeout is not None:
                     on_timeout()
                 await context.abort(
                     grpc.StatusCode.CANCELLED, f"the request message did not arrive within {timeout_s:g} s"
                 )
-            if request is None:
+            if request is grpc.aio.EOF:
                 await abort(context, InvalidInput("the call ended without a request message"))
+            if not ticket.admit():
+                await abort(context, door.refusal())
             return await behaviour(request, context)
 
         return grpc.stream_unary_rpc_method_handler(
@@ -129,6 +133,15 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+def _refusing(error: ServiceError) -> grpc.RpcMethodHandler:
+    """A handler that ends its call with `error` at once (its message unread)."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await abort(context, error)
+
+    return grpc.unary_unary_rpc_method_handler(refuse)
 
 
 class GrpcFrontDoor:

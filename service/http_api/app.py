@@ -32,7 +32,6 @@ from service.http_api.encoder_routes import add_encoder_routes
 from service.http_api.middleware import (
     SERVER_HEADERS,
     AdmissionMiddleware,
-    BodyLimitMiddleware,
     MetricsMiddleware,
     error_response,
 )
@@ -107,11 +106,14 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type"],
             expose_headers=[*RESPONSE_HEADERS, *SERVER_HEADERS],
         )
+    # counted from arrival among those receiving, at work once the body is in (slow bodies hold no work place)
     app.add_middleware(
-        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s, metrics=metrics
+        AdmissionMiddleware,
+        door=app.state.service.door,
+        max_bytes=settings.max_body_bytes,
+        timeout_s=settings.body_timeout_s,
+        metrics=metrics,
     )
-    # counted from arrival: outside the body's reading, so a full server reads no body it will refuse
-    app.add_middleware(AdmissionMiddleware, door=app.state.service.door)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(DrainMiddleware, state=app.state.service.state)
     _add_routes(app)

@@ -1,12 +1,13 @@
-"""Pure ASGI middleware: the door (requests in progress), the request body's size and time limits, request
-metrics + access log; the HTTP error response.
+"""Pure ASGI middleware: the door (requests receiving, then at work) with the request body's size and time
+limits, request metrics + access log; the HTTP error response.
 
-- `AdmissionMiddleware` counts a request in the service's door (`service.admission.Door`, shared with gRPC) as
-  soon as its headers arrived, before its body is read; beyond the door's limit it answers 429 at once.
-  Health, metrics and the playground page are not counted, so a full server still answers them.
-- `BodyLimitMiddleware` reads the whole body before the app sees it, within `max_bytes` (413) and `timeout_s`
-  from the end of the headers (408 and the connection closed): a client that sends its body slowly holds no
-  worker, only a waiting coroutine, and not for longer than the timeout.
+`AdmissionMiddleware` counts a request in the service's door (`service.admission.Door`, shared with gRPC) in two
+steps. On its arrival (its headers), among the requests receiving their body: beyond that bound 429 at once. It
+then reads the whole body before the app sees it, within `max_bytes` (413) and `timeout_s` from the end of the
+headers (408 and the connection closed), and once the body is complete, before it is parsed, among the requests
+at work: beyond that bound 429. A client that sends its body slowly so holds a cheap receiving place (a waiting
+coroutine and its bytes so far, not longer than the timeout), never a place at work. Health, metrics and the
+playground page are not counted (their bodies are still limited), so a full server still answers them.
 
 Pure ASGI (not BaseHTTPMiddleware) so bodies are counted and timed as they arrive.
 Reference: https://www.starlette.io/middleware/#pure-asgi-middleware
@@ -23,7 +24,7 @@ import time
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.admission import Door
+from service.admission import Door, Ticket
 from service.errors import PayloadTooLarge, ServiceError, http_status
 from service.metrics import ServiceMetrics
 
@@ -60,35 +61,20 @@ def error_response(error: ServiceError) -> JSONResponse:
 
 
 class AdmissionMiddleware:
-    """Count each request in `door` from its arrival to its response's end; 429 at once when the door is full."""
+    """Count each request in `door` as receiving from its arrival, read its whole body (up to `max_bytes`, 413
+    beyond; within `timeout_s`, 408 after), count it at work once the body is in, then hand the app its body in
+    one piece; 429 at once when either bound of the door is full. `door` None: the body limits only."""
 
-    def __init__(self, app: ASGIApp, door: Door) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        door: Door | None,
+        max_bytes: int,
+        timeout_s: float = 20.0,
+        metrics: ServiceMetrics | None = None,
+    ) -> None:
         self.app = app
         self.door = door
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or _uncounted(scope.get("path", "")):
-            await self.app(scope, receive, send)
-            return
-        if not self.door.enter("http"):
-            await error_response(self.door.refusal())(scope, receive, send)
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.door.leave()
-
-
-def _uncounted(path: str) -> bool:
-    return path in UNCOUNTED_PATHS or path.startswith(UNCOUNTED_PREFIXES)
-
-
-class BodyLimitMiddleware:
-    """Read the whole body (up to `max_bytes`, 413 beyond; within `timeout_s`, 408 after) before the app runs,
-    then hand it to the app in one piece."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 20.0, metrics: ServiceMetrics | None = None):
-        self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.metrics = metrics
@@ -101,6 +87,27 @@ class BodyLimitMiddleware:
         if declared is not None and declared > self.max_bytes:
             await self._reject(scope, receive, send, declared)
             return
+        ticket: Ticket | None = None
+        if self.door is not None and not _uncounted(scope.get("path", "")):
+            ticket = self.door.arrive("http")
+            if ticket is None:
+                await error_response(self.door.refusal("receiving"))(scope, receive, send)
+                return
+        try:
+            body = await self._body(scope, receive, send)
+            if body is None:
+                return  # answered (408, 413) or the client went away
+            if ticket is not None and not ticket.admit():
+                assert self.door is not None
+                await error_response(self.door.refusal())(scope, receive, send)
+                return
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            if ticket is not None:
+                ticket.close()
+
+    async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body; None once answered with 408 / 413, or if the client went away."""
         chunks: list[bytes] = []
         size = 0
         try:
@@ -108,27 +115,17 @@ class BodyLimitMiddleware:
                 while True:
                     message = await receive()
                     if message["type"] != "http.request":
-                        return  # client went away
+                        return None  # client went away
                     chunks.append(message.get("body", b""))
                     size += len(chunks[-1])
                     if size > self.max_bytes:
                         await self._reject(scope, receive, send, size)
-                        return
+                        return None
                     if not message.get("more_body", False):
-                        break
+                        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         except TimeoutError:
             await self._timed_out(scope, receive, send, size)
-            return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": chunks[0] if len(chunks) == 1 else b"".join(chunks)}
-
-        await self.app(scope, replay, send)
+            return None
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, size: int) -> None:
         error = PayloadTooLarge(
@@ -147,6 +144,24 @@ class BodyLimitMiddleware:
             }
         }
         await JSONResponse(body, status_code=408, headers={"connection": "close"})(scope, receive, send)
+
+
+def _uncounted(path: str) -> bool:
+    return path in UNCOUNTED_PATHS or path.startswith(UNCOUNTED_PREFIXES)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the app the body read, in one message, then passes on (a disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body}
+
+    return replay
 
 
 def _header(scope: Scope, wanted: bytes) -> str | None:

@@ -1,6 +1,7 @@
-"""Admission at the door, through a real server: a bound on requests in progress shared by REST and gRPC (429 /
-RESOURCE_EXHAUSTED at once, probes and metrics still answered), and slow or bloated clients cut at the configured
-timeouts and sizes (raw sockets that dribble bytes; a gRPC call whose message never comes)."""
+"""Admission at the door, through a real server: bounds on requests receiving their body and at work shared by REST
+and gRPC (429 / RESOURCE_EXHAUSTED at once, probes and metrics still answered; slow bodies hold no place at work),
+and slow or bloated clients cut at the configured timeouts and sizes (raw sockets that dribble bytes; a gRPC call
+whose message never comes)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from tests.service.server import ServerProcess, serving
 
 pytestmark = pytest.mark.integration
 
-DOOR = 3
+DOOR = 2
+RECEIVING = 4
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 2.0
 MAX_HEADER_BYTES = 4096
@@ -30,6 +32,7 @@ MAX_HEADER_BYTES = 4096
 def guarded_server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     env = {
         "BERTSERVE_MAX_IN_PROGRESS": str(DOOR),
+        "BERTSERVE_MAX_RECEIVING": str(RECEIVING),
         "BERTSERVE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         "BERTSERVE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
         "BERTSERVE_MAX_HEADER_BYTES": str(MAX_HEADER_BYTES),
@@ -60,7 +63,7 @@ def _read_all(sock: socket.socket) -> bytes:
 
 
 def _held_requests(server: ServerProcess, count: int) -> list[socket.socket]:
-    """`count` requests whose headers arrived and whose body never comes: each holds a place at the door."""
+    """`count` requests whose headers arrived and whose body never comes: each holds a receiving place."""
     held = []
     for _ in range(count):
         sock = _connect(server)
@@ -69,38 +72,65 @@ def _held_requests(server: ServerProcess, count: int) -> list[socket.socket]:
     return held
 
 
-def _wait_in_progress(server: ServerProcess, expected: int, timeout: float = 5.0) -> None:
+def _wait_gauge(server: ServerProcess, gauge: str, expected: int, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if f"bertserve_in_progress {float(expected)}" in httpx.get(server.url + "/metrics").text:
+        if f"{gauge} {float(expected)}" in httpx.get(server.url + "/metrics").text:
             return
         time.sleep(0.02)
-    raise AssertionError(f"never {expected} requests in progress:\n{httpx.get(server.url + '/metrics').text}")
+    raise AssertionError(f"never {gauge} {expected}:\n{httpx.get(server.url + '/metrics').text}")
+
+
+def _wait_in_progress(server: ServerProcess, expected: int, timeout: float = 5.0) -> None:
+    _wait_gauge(server, "bertserve_in_progress", expected, timeout)
+
+
+def _wait_receiving(server: ServerProcess, expected: int, timeout: float = 5.0) -> None:
+    _wait_gauge(server, "bertserve_receiving", expected, timeout)
+
+
+def test_slow_bodies_beyond_the_work_bound_do_not_hold_back_other_requests(guarded_server: ServerProcess) -> None:
+    held = _held_requests(guarded_server, DOOR + 1)
+    try:
+        _wait_receiving(guarded_server, DOOR + 1)
+        for _ in range(3):
+            answer = httpx.post(guarded_server.url + "/classify", json={"inputs": "a fine film"}, timeout=10)
+            assert answer.status_code == 200, answer.text
+        with grpc.insecure_channel(guarded_server.grpc_target) as channel:
+            reply = pb_grpc.ClassifierStub(channel).Classify(
+                pb.ClassifyRequest(inputs=[pb.TextInput(text="a fine film")]), timeout=10
+            )
+            assert len(reply.results) == 1
+        _wait_in_progress(guarded_server, 0)
+    finally:
+        for sock in held:
+            sock.close()
+    _wait_receiving(guarded_server, 0)  # a slow client that goes away gives its place back
 
 
 def test_a_full_door_refuses_rest_and_grpc_at_once_and_still_answers_probes(guarded_server: ServerProcess) -> None:
-    held = _held_requests(guarded_server, DOOR)
+    held = _held_requests(guarded_server, RECEIVING)
     try:
-        _wait_in_progress(guarded_server, DOOR)
+        _wait_receiving(guarded_server, RECEIVING)
         start = time.perf_counter()
         refused = httpx.post(guarded_server.url + "/classify", json={"inputs": "a fine film"}, timeout=10)
         refused_s = time.perf_counter() - start
         assert refused.status_code == 429, refused.text
         assert refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "overloaded"
-        assert "max_in_progress" in refused.json()["error"]["message"]
+        assert "max_receiving" in refused.json()["error"]["message"]
         assert refused_s < 1.0, refused_s
         with grpc.insecure_channel(guarded_server.grpc_target) as channel:
             stub = pb_grpc.ClassifierStub(channel)
             with pytest.raises(grpc.RpcError) as error:
                 stub.Classify(pb.ClassifyRequest(inputs=[pb.TextInput(text="a fine film")]), timeout=10)
             assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert "max_in_progress" in (error.value.details() or "")
+            assert "max_receiving" in (error.value.details() or "")
         for path in ("/health/live", "/health/ready", "/metrics", "/playground"):
             assert httpx.get(guarded_server.url + path, timeout=5).status_code == 200, path
         metrics = httpx.get(guarded_server.url + "/metrics").text
-        assert 'bertserve_door_rejected_total{transport="http"} 1.0' in metrics
-        assert 'bertserve_door_rejected_total{transport="grpc"} 1.0' in metrics
+        assert 'bertserve_door_rejected_total{bound="receiving",transport="http"} 1.0' in metrics
+        assert 'bertserve_door_rejected_total{bound="receiving",transport="grpc"} 1.0' in metrics
         # the held bodies never come: each is answered 408 at the body timeout and its connection closed
         for sock in held:
             answer = _read_all(sock)
@@ -109,10 +139,10 @@ def test_a_full_door_refuses_rest_and_grpc_at_once_and_still_answers_probes(guar
     finally:
         for sock in held:
             sock.close()
-    _wait_in_progress(guarded_server, 0)
+    _wait_receiving(guarded_server, 0)
     assert httpx.post(guarded_server.url + "/classify", json={"inputs": "a fine film"}, timeout=10).status_code == 200
     assert (
-        'bertserve_slow_clients_cut_total{phase="body",transport="http"} 3.0'
+        f'bertserve_slow_clients_cut_total{{phase="body",transport="http"}} {float(RECEIVING)}'
         in httpx.get(guarded_server.url + "/metrics").text
     )
 
@@ -190,4 +220,5 @@ def test_a_grpc_call_whose_message_never_comes_is_cancelled_at_the_body_timeout(
     assert error.code() == grpc.StatusCode.CANCELLED, (error.code(), error.details(), elapsed)
     assert "did not arrive" in (error.details() or "")
     assert BODY_TIMEOUT_S - 0.2 < elapsed < BODY_TIMEOUT_S + 2, elapsed
+    _wait_receiving(guarded_server, 0)
     _wait_in_progress(guarded_server, 0)

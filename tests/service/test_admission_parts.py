@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
@@ -17,6 +18,8 @@ from service.admission import BoundedExecutor, Door, QueueReservations
 from service.batcher import BatchConfig, Batcher
 from service.bundles import open_bundle
 from service.errors import InvalidInput, Overloaded
+from service.grpc_api.server import AdmissionInterceptor
+from service.http_api.middleware import AdmissionMiddleware
 from service.inference import INLINE_CHARACTERS, InferenceService
 from service.metrics import ServiceMetrics
 from service.pipelines import QAInput, make_pipeline
@@ -27,19 +30,172 @@ def _sample(metrics: ServiceMetrics, name: str, labels: dict[str, str] | None = 
     return metrics.registry.get_sample_value(name, labels or {})
 
 
-def test_the_door_counts_requests_in_progress_and_refuses_beyond_its_limit() -> None:
+def test_the_door_counts_receiving_and_working_requests_under_their_own_limits() -> None:
     metrics = ServiceMetrics()
-    door = Door(2, metrics)
-    assert door.enter("http") and door.enter("grpc")
-    assert _sample(metrics, "bertserve_in_progress") == 2
-    assert not door.enter("grpc") and not door.enter("http") and not door.enter("http")
-    assert _sample(metrics, "bertserve_door_rejected_total", {"transport": "http"}) == 2
-    assert _sample(metrics, "bertserve_door_rejected_total", {"transport": "grpc"}) == 1
-    door.leave()
-    assert door.enter("http")  # a place came free
-    assert "2 requests in progress" in door.refusal().message
+    door = Door(2, metrics, receiving_limit=4)
+    tickets = [door.arrive("http"), door.arrive("grpc"), door.arrive("http"), door.arrive("http")]
+    assert all(tickets) and door.receiving == 4 and door.in_progress == 0
+    assert door.arrive("grpc") is None  # the receiving bound is full
+    assert _sample(metrics, "bertserve_door_rejected_total", {"transport": "grpc", "bound": "receiving"}) == 1
+    first, second, third, fourth = (ticket for ticket in tickets if ticket is not None)
+    assert first.admit() and second.admit()
+    assert door.receiving == 2 and door.in_progress == 2
+    assert _sample(metrics, "bertserve_in_progress") == 2 and _sample(metrics, "bertserve_receiving") == 2
+    assert not third.admit()  # the work bound is full: refused, and its receiving place given back
+    assert third.stage == "closed" and door.receiving == 1 and door.in_progress == 2
+    assert _sample(metrics, "bertserve_door_rejected_total", {"transport": "http", "bound": "in_progress"}) == 1
+    first.close()
+    first.close()  # idempotent
+    assert door.in_progress == 1 and fourth.admit() and door.in_progress == 2 and door.receiving == 0
+    fifth = door.arrive("http")
+    assert fifth is not None
+    fifth.close()  # a request that went away while receiving
+    second.close()
+    fourth.close()
+    third.close()
+    assert door.receiving == 0 and door.in_progress == 0
+    assert "2 requests in progress" in door.refusal().message and "max_in_progress" in door.refusal().message
+    assert "max_receiving" in door.refusal("receiving").message
     with pytest.raises(ValueError, match="at least 1"):
         Door(0, metrics)
+    with pytest.raises(ValueError, match="at least 1"):
+        Door(1, metrics, receiving_limit=0)
+
+
+class _Exchange:
+    """One ASGI request driven by hand: the body messages it is given, the messages it sends back."""
+
+    def __init__(self, body: bytes | None, path: str = "/classify") -> None:
+        self.scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-length", b"2")]}
+        self.incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        if body is not None:  # None: a slow client whose body never comes
+            self.incoming.put_nowait({"type": "http.request", "body": body, "more_body": False})
+        self.sent: list[dict[str, Any]] = []
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.incoming.get()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    @property
+    def status(self) -> int | None:
+        return next((m["status"] for m in self.sent if m["type"] == "http.response.start"), None)
+
+    def header(self, name: bytes) -> bytes | None:
+        start = next(m for m in self.sent if m["type"] == "http.response.start")
+        return dict(start["headers"]).get(name)
+
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body")
+
+
+def test_slow_bodies_hold_receiving_places_only_and_work_is_counted_once_the_body_is_in() -> None:
+    metrics = ServiceMetrics()
+    door = Door(1, metrics, receiving_limit=2)
+    gate = asyncio.Event()
+    bodies: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        bodies.append((await receive())["body"])
+        await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    middleware = AdmissionMiddleware(app, door, max_bytes=1024, timeout_s=0.5, metrics=metrics)
+
+    def start(exchange: _Exchange) -> asyncio.Task[None]:
+        return asyncio.ensure_future(middleware(exchange.scope, exchange.receive, exchange.send))
+
+    async def scenario() -> None:
+        working = _Exchange(b"{}")
+        work_task = start(working)
+        await asyncio.sleep(0.01)
+        assert door.in_progress == 1 and door.receiving == 0 and bodies == [b"{}"]
+        slow = [_Exchange(None), _Exchange(None)]
+        slow_tasks = [start(exchange) for exchange in slow]
+        await asyncio.sleep(0.01)
+        assert door.receiving == 2 and door.in_progress == 1  # slow bodies hold no place at work
+        refused_on_arrival = _Exchange(b"{}")
+        await start(refused_on_arrival)
+        assert refused_on_arrival.status == 429 and b"max_receiving" in refused_on_arrival.body()
+        assert refused_on_arrival.header(b"retry-after") == b"1"
+        for exchange in slow:  # a slow client gives its receiving place back by going away
+            exchange.incoming.put_nowait({"type": "http.disconnect"})
+        await asyncio.gather(*slow_tasks)
+        assert door.receiving == 0 and all(exchange.status is None for exchange in slow)
+        refused_at_work = _Exchange(b"{}")
+        await start(refused_at_work)  # its body came at once; the work bound is full
+        assert refused_at_work.status == 429 and b"max_in_progress" in refused_at_work.body()
+        assert door.receiving == 0 and len(bodies) == 1  # refused before the app read its body
+        late = _Exchange(None)
+        late_task = start(late)
+        gate.set()
+        await work_task
+        assert working.status == 200 and door.in_progress == 0
+        await late_task  # cut at the body timeout
+        assert late.status == 408 and door.receiving == 0
+        uncounted = _Exchange(b"{}", path="/health/live")
+        await start(uncounted)
+        assert uncounted.status == 200 and door.in_progress == 0
+
+    asyncio.run(scenario())
+    rejected = "bertserve_door_rejected_total"
+    assert _sample(metrics, rejected, {"transport": "http", "bound": "receiving"}) == 1
+    assert _sample(metrics, rejected, {"transport": "http", "bound": "in_progress"}) == 1
+
+
+def test_grpc_calls_are_counted_receiving_until_their_message_is_in_then_at_work() -> None:
+    metrics = ServiceMetrics()
+    door = Door(1, metrics, receiving_limit=2)
+    gate = asyncio.Event()
+
+    async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await gate.wait()
+        return request
+
+    async def never_sends() -> Any:
+        await asyncio.sleep(30)
+        yield b""
+
+    async def scenario() -> None:
+        server = grpc.aio.server(interceptors=[AdmissionInterceptor(door, receive_timeout_s=10)])
+        handler = grpc.method_handlers_generic_handler("t.T", {"Echo": grpc.unary_unary_rpc_method_handler(echo)})
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                unary, streaming = channel.unary_unary("/t.T/Echo"), channel.stream_unary("/t.T/Echo")
+                working = asyncio.ensure_future(unary(b"w", timeout=10))
+                slow = asyncio.ensure_future(streaming(never_sends(), timeout=10))
+                while door.in_progress < 1 or door.receiving < 1:
+                    await asyncio.sleep(0.01)
+                with pytest.raises(grpc.aio.AioRpcError) as at_work:  # its message came; the work bound is full
+                    await unary(b"x", timeout=10)
+                assert at_work.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "max_in_progress" in (at_work.value.details() or "")
+                second_slow = asyncio.ensure_future(streaming(never_sends(), timeout=10))
+                while door.receiving < 2:
+                    await asyncio.sleep(0.01)
+                with pytest.raises(grpc.aio.AioRpcError) as on_arrival:
+                    await unary(b"y", timeout=10)
+                assert on_arrival.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "max_receiving" in (on_arrival.value.details() or "")
+                gate.set()
+                assert await working == b"w"
+                for call in (slow, second_slow):
+                    call.cancel()
+                await asyncio.gather(slow, second_slow, return_exceptions=True)
+                assert await unary(b"again", timeout=10) == b"again"
+        finally:
+            await server.stop(0)
+        assert door.in_progress == 0 and door.receiving == 0
+
+    asyncio.run(scenario())
+    rejected = "bertserve_door_rejected_total"
+    assert _sample(metrics, rejected, {"transport": "grpc", "bound": "receiving"}) == 1
+    assert _sample(metrics, rejected, {"transport": "grpc", "bound": "in_progress"}) == 1
 
 
 def test_the_executor_refuses_jobs_beyond_its_threads_and_queue_at_once() -> None:
