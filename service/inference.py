@@ -31,6 +31,7 @@ from service.pipelines import (
     EmbedInput,
     Feature,
     FillMaskInput,
+    FillMaskPipeline,
     NERInput,
     Pipeline,
     QAInput,
@@ -398,6 +399,8 @@ class InferenceService:
         self._check_texts(request.texts, field)
         if not 1 <= request.top_k <= FILL_MASK_MAX_TOP_K:
             raise InvalidInput(f"top_k must be between 1 and {FILL_MASK_MAX_TOP_K}, got {request.top_k}")
+        if request.targets is not None:
+            _check_targets(request.targets)
         return await self._run(self.model_for("fill-mask", model), request, timeout_s, route="fill-mask")
 
     def _check_texts(self, texts: list[str], name: str, *, count: bool = True) -> None:
@@ -429,7 +432,7 @@ class InferenceService:
         start = time.perf_counter()
         # every input becomes at least one sequence: shed load before spending CPU on tokenization
         self.reservations.check(model.batcher, model.pipeline.count(request))
-        size = _characters(request)
+        size = _characters(request, model.pipeline)
         with self.tracer.span(f"bertserve.{route}", model=model.name):
             with self.tracer.span("tokenize"):
                 features = await self._features(model, request, size)
@@ -474,17 +477,45 @@ class InferenceService:
 
 FILL_MASK_MAX_TOP_K = 100
 """Most fills per mask one request may ask for (each is a decoded sequence in the response)."""
+FILL_MASK_MAX_TARGETS = 1000
+"""Most `targets` in one fill-mask request (each is looked up, or tokenized, to find its vocabulary id)."""
+FILL_MASK_MAX_TARGET_CHARS = 100
+"""Longest fill-mask target in characters: a target is one vocabulary token (the longest of a BERT vocabulary has
+about 20), so a longer one is refused before it is tokenized."""
+
+
+def _check_targets(targets: list[str]) -> None:
+    if len(targets) > FILL_MASK_MAX_TARGETS:
+        raise InvalidInput(
+            f"targets: {len(targets)} targets in one request, more than the limit of {FILL_MASK_MAX_TARGETS}; "
+            "give fewer (each is one vocabulary token), or leave targets out to score the whole vocabulary"
+        )
+    for index, target in enumerate(targets):
+        if isinstance(target, str) and len(target) > FILL_MASK_MAX_TARGET_CHARS:
+            raise InvalidInput(
+                f"targets[{index}] has {len(target)} characters, more than the limit of {FILL_MASK_MAX_TARGET_CHARS}; "
+                "a target is one vocabulary token"
+            )
+
 
 INLINE_CHARACTERS = 2000
 """Requests with fewer characters are tokenized and post-processed on the event loop: a thread hand-off costs
 more than the work (tens of microseconds in Rust); bigger ones go to a worker thread so the loop stays free."""
 
 
-def _characters(request: TaskInput) -> int:
+def _characters(request: TaskInput, pipeline: Pipeline) -> int:
+    """The size of a request's tokenization and post-processing, in characters: what it sends, and for fill-mask
+    also what its answer will hold (each fill is its text decoded again), so that a request that asks for many
+    fills of a short text is post-processed off the event loop."""
     if isinstance(request, ClassifyInput):
         return sum(map(len, request.texts)) + sum(map(len, request.pairs or []))
     if isinstance(request, QAInput):
         return sum(map(len, request.questions)) + sum(map(len, request.contexts))
+    if isinstance(request, FillMaskInput) and isinstance(pipeline, FillMaskPipeline):
+        fills = min(request.top_k, len(request.targets) if request.targets is not None else request.top_k)
+        sent = sum(map(len, request.texts)) + sum(map(len, request.targets or []))
+        mask = pipeline.mask_token
+        return sent + sum(len(text) * fills * max(text.count(mask), 1) for text in request.texts)
     return sum(map(len, request.texts))
 
 

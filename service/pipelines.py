@@ -33,7 +33,13 @@ from bert_model.tasks.classification import (
 )
 from bert_model.tasks.embeddings import POOLING_MODES, embedding_postprocess
 from bert_model.tasks.features import Feature
-from bert_model.tasks.fill_mask import DEFAULT_MASK_TOKEN, build_fill_mask_features, fill_mask_postprocess, target_ids
+from bert_model.tasks.fill_mask import (
+    DEFAULT_MASK_TOKEN,
+    build_fill_mask_features,
+    fill_mask_postprocess,
+    mask_token_id,
+    target_ids,
+)
 from bert_model.tasks.ner import NERInputs, encode_ner_texts, ner_postprocess, ner_window_features
 from bert_model.tasks.qa import QAInputs, encode_qa_inputs, qa_postprocess, qa_window_features
 from bert_model.tasks.windows import fit_ner_window, fit_qa_window
@@ -116,6 +122,10 @@ class FillMaskInput:
 
 TaskInput = ClassifyInput | QAInput | NERInput | EmbedInput | FillMaskInput
 
+FILL_MASK_MAX_FILLS = 1000
+"""Most fills one fill-mask request may ask for (its masks, over all its texts, x top_k or the targets if fewer),
+refused before the model runs: each fill is its text decoded again (up to ~2 KB and ~0.4 ms of post-processing at
+512 tokens), so this bounds an answer at about 2 MB and 0.4 s, far under gRPC's send limit."""
 FILL_MASK_OUTPUT_BYTES = 256 * 1024 * 1024
 """Largest (B, M, V) float32 `mask_logits` output of one fill-mask batch (M = its most masks in one row). A row
 may be all masks, so M can reach the padded length: the cap bounds a batch's padded tokens (about 2,200 with a
@@ -477,15 +487,28 @@ class FillMaskPipeline(Pipeline):
         self.max_batch_tokens = max(self.max_seq_length, FILL_MASK_OUTPUT_BYTES // (4 * self.tokenizer.vocab_size))
 
     def _features(self, request: FillMaskInput) -> list[Feature]:
+        choices = self.tokenizer.vocab_size
         if request.targets is not None:
-            target_ids(self.tokenizer, request.targets)  # refuses a target that is not one token
-        return build_fill_mask_features(
+            choices = len(target_ids(self.tokenizer, request.targets))  # refuses a target that is not one token
+        features = build_fill_mask_features(
             self.tokenizer,
             request.texts,
             max_seq_length=self.max_seq_length,
             truncation=_truncation(request.truncate),  # type: ignore[arg-type]
             mask_token=self.mask_token,
         )
+        mask_id = mask_token_id(self.tokenizer, self.mask_token)
+        masks = 0
+        for feature in features:
+            masks += list(feature.input_ids).count(mask_id)
+        each = min(request.top_k, choices)
+        if masks * each > FILL_MASK_MAX_FILLS:
+            raise InvalidInput(
+                f"the request asks for {masks * each} fills ({masks} masks x {each} each: top_k, or the targets if "
+                f"fewer), more than the limit of {FILL_MASK_MAX_FILLS} per request; lower top_k, or split it into "
+                "requests with fewer masks or texts"
+            )
+        return features
 
     def _postprocess(self, request: FillMaskInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
         return fill_mask_postprocess(
