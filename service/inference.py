@@ -458,6 +458,9 @@ class InferenceService:
         against the model's queue and hold their place there, then build them. The place is given back just
         before the caller queues the features, with no await in between."""
         plan = await self._off_loop(model, size, model.pipeline.plan, request)
+        too_large = plan.too_large(model.batcher.config.max_queue)
+        if too_large is not None:
+            raise InvalidInput(too_large)
         with self.reservations.reserve(model.batcher, plan.sequences):
             return await self._off_loop(model, size, model.pipeline.build, plan)
 

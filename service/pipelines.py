@@ -211,6 +211,31 @@ class Plan:
     """Model rows (token sequences) the request's features will be."""
     tokenized: Any = None
     """What the pipeline tokenized to count them, which `Pipeline.build` cuts the features from (None: nothing)."""
+    rows: Sequence[int] = ()
+    """QA, NER: the model rows (windows) of each input, in order (empty: one row per input)."""
+    unit: str = "sequences"
+    """What a row is, for messages: `windows of 256 tokens` (QA, NER), `sequences` else."""
+
+    def too_large(self, limit: int) -> str | None:
+        """Why the request cannot fit into a queue of `limit` rows and how to split it; None when it fits."""
+        if self.sequences <= limit:
+            return None
+        head = (
+            f"the request needs {self.sequences} {self.unit}, more than this model's queue holds ({limit}, the "
+            f"server's max_queue setting)"
+        )
+        if not self.rows:
+            return f"{head}; send fewer or shorter inputs"
+        largest = max(range(len(self.rows)), key=lambda index: self.rows[index])
+        if self.rows[largest] > limit:
+            return (
+                f"{head}: input {largest} alone needs {self.rows[largest]}; send it in parts of at most "
+                f"{limit / self.rows[largest]:.0%} of its length"
+            )
+        return (
+            f"{head}; split it into requests of at most {limit} {self.unit}: at most {limit // self.rows[largest]} "
+            f"inputs as long as its longest (input {largest}: {self.rows[largest]})"
+        )
 
 
 class Pipeline:
@@ -357,7 +382,8 @@ class QAPipeline(Pipeline):
         if request.truncate is False:
             _reject_windows(counts, "context[{}]", self.max_seq_length)
             _reject_long_questions(inputs.question_lengths, self.windows.max_query_length)
-        return Plan(request, sum(counts), inputs)
+        unit = f"windows of {self.max_seq_length} tokens (doc_stride {stride})"
+        return Plan(request, sum(counts), inputs, rows=counts, unit=unit)
 
     def _build(self, plan: Plan) -> list[Feature]:
         inputs: QAInputs = plan.tokenized
@@ -397,7 +423,8 @@ class NERPipeline(Pipeline):
         counts = inputs.window_counts()
         if request.truncate is False:
             _reject_windows(counts, "input {}", self.max_seq_length)
-        return Plan(request, sum(counts), inputs)
+        unit = f"windows of {self.max_seq_length} tokens"
+        return Plan(request, sum(counts), inputs, rows=counts, unit=unit)
 
     def _build(self, plan: Plan) -> list[Feature]:
         inputs: NERInputs = plan.tokenized

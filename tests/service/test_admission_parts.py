@@ -345,3 +345,31 @@ def test_a_qa_request_that_cannot_fit_the_queue_is_refused_before_its_windows_ar
             await service.close()
 
     asyncio.run(scenario())
+
+
+def test_a_qa_request_larger_than_the_queue_is_refused_with_the_limit_and_how_to_split_it(
+    tiny_bundles: dict[str, Path],
+) -> None:
+    context = "The committee met in the old town hall to discuss the river crossing and its costs. " * 25
+    question = "Where did the committee meet?"
+    windows = len(make_pipeline(open_bundle(tiny_bundles["qa"])).features(QAInput([question], [context])))
+    settings = ServiceSettings(models=[str(tiny_bundles["qa"])], warmup_rounds=0, grpc_port=-1, max_queue=windows + 1)
+    service = InferenceService(settings)
+
+    async def scenario() -> tuple[str, str]:
+        await service.load()
+        try:
+            with pytest.raises(InvalidInput) as several:
+                await service.qa(QAInput([question] * 3, [context] * 3))
+            with pytest.raises(InvalidInput) as alone:
+                await service.qa(QAInput([question, question], ["short", context + context]))
+            assert next(iter(service.models.values())).batcher.backend_calls == 0
+            return several.value.message, alone.value.message
+        finally:
+            await service.close()
+
+    several, alone = asyncio.run(scenario())
+    limit = windows + 1
+    assert f"needs {3 * windows} windows of " in several and f"({limit}, the server's max_queue setting)" in several
+    assert f"split it into requests of at most {limit} windows" in several and "at most 1 inputs" in several
+    assert "input 1 alone needs" in alone and "send it in parts of at most" in alone
