@@ -122,6 +122,17 @@ def fill_mask_postprocess(
     return results
 
 
+def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the `k` highest `scores`, best first, ties in index order: the first k of a stable argsort of
+    -scores, found by partitioning (a full sort of a vocabulary-wide row costs ~4 ms, most of a fill's time)."""
+    count = scores.shape[0]
+    if k >= count:
+        return np.argsort(-scores, kind="stable")
+    kth = np.partition(scores, count - k)[count - k]  # the k-th highest score
+    candidates = np.flatnonzero(scores >= kth)  # every score tied with it too, in index order
+    return candidates[np.argsort(-scores[candidates], kind="stable")[:k]]
+
+
 def _fill(
     tokenizer: BertTokenizer,
     ids: np.ndarray,
@@ -134,8 +145,7 @@ def _fill(
     probabilities = softmax(logits)  # over the whole vocabulary, as the pipeline does
     if candidates is not None:
         probabilities = probabilities[candidates]
-    k = min(top_k, probabilities.shape[0])
-    best = np.argsort(-probabilities, kind="stable")[:k]
+    best = top_indices(probabilities, top_k)
     fills: list[FillMaskResult] = []
     for choice in best:
         token = int(choice if candidates is None else candidates[choice])

@@ -153,6 +153,7 @@ def test_fill_mask_scores_are_over_the_whole_vocabulary_in_any_batch(http: httpx
     each alone; a target's score is its softmax over the whole vocabulary (the same as in the top-100 list)."""
     texts = ["I feel [MASK].", "The [MASK] sat on the [MASK].", "[MASK] and [MASK] or [MASK] then."]
     together = http.post("/fill-mask", json={"inputs": texts, "top_k": 100}).json()
+
     def per_mask(result: list) -> list[list[dict]]:
         return result if isinstance(result[0], list) else [result]  # one mask: one list of fills
 

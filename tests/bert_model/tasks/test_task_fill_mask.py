@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert_model.tasks.fill_mask import build_fill_mask_features, fill_mask_postprocess, target_ids
+from bert_model.tasks.fill_mask import build_fill_mask_features, fill_mask_postprocess, target_ids, top_indices
 from bert_model.tokenization import BertTokenizer
 
 TEXTS = ["Paris is the [MASK] of France.", "The [MASK] sat on the [MASK]."]
@@ -102,3 +102,11 @@ def test_rows_with_fewer_mask_rows_than_masks_are_refused(tokenizer: BertTokeniz
     (feature,) = build_fill_mask_features(tokenizer, TEXTS[1:])
     with pytest.raises(ValueError, match=r"mask_logits row of shape \(1, 7\) for an input with 2 mask tokens"):
         fill_mask_postprocess(tokenizer, [feature], [np.zeros((1, 7), np.float32)])
+
+
+@pytest.mark.parametrize("k", [1, 5, 37, 100, 999, 1000, 1500])
+def test_top_indices_are_a_stable_sort_s_first_k(k: int) -> None:
+    """Best first, ties in index order, also where a tie straddles the k-th place (scores drawn from few values)."""
+    rng = np.random.default_rng(k)
+    for scores in (rng.standard_normal(1000), rng.integers(0, 7, 1000).astype(np.float32) / 7):
+        np.testing.assert_array_equal(top_indices(scores, k), np.argsort(-scores, kind="stable")[:k])
