@@ -26,7 +26,7 @@ pytestmark = pytest.mark.containers
 
 DOCKER_TOOLS = Path(os.environ.get("BERTSERVE_DOCKER_TOOLS", REPO.parent / "shared" / "tools" / "docker"))
 PROJECT = "bertserve-compose-test"
-STOP_GRACE_S = 20  # docker-compose.yml: stop_grace_period
+STOP_GRACE_S = 35  # docker-compose.yml: stop_grace_period
 
 
 @dataclass

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from service.runner import QUIET_MAX_S
+from service.settings import ServiceSettings
 from tests.service.server import REPO
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -73,7 +75,10 @@ def test_services_profiles_and_backend_switch() -> None:
     assert api["environment"]["BERTSERVE_BACKEND"] == "ort"
     assert "volumes" not in api  # the default models are built into the image
     assert api["restart"] == "on-failure:3"  # a server that cannot start stops after 3 tries
-    assert api["stop_grace_period"] == "20s"
+    # a stop drains, closes the listener and waits for in-flight HTTP and gRPC requests (service/runner.py)
+    settings = ServiceSettings(drain_s=float(api["environment"]["BERTSERVE_DRAIN_S"]))
+    needed = settings.drain_s + QUIET_MAX_S + 2 * settings.shutdown_grace_s
+    assert _seconds(api["stop_grace_period"]) >= needed, (api["stop_grace_period"], needed)
     gpu = _config("--profile", "gpu", env={"BERTSERVE_BACKEND": "triton"})
     assert sorted(gpu["services"]) == ["api", "triton"]
     assert gpu["services"]["api"]["environment"]["BERTSERVE_BACKEND"] == "triton"
@@ -112,3 +117,10 @@ def test_dockerfiles_install_dependencies_before_sources_and_no_torch() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     serving = project["dependencies"] + project["optional-dependencies"]["otel"]
     assert not [d for d in serving if d.lower().startswith(("torch", "transformers", "onnx=", "onnx>"))]
+
+
+def _seconds(duration: str | int | float) -> float:
+    """compose config's durations: a number of nanoseconds (compose v2's JSON) or a string such as "35s"."""
+    if isinstance(duration, int | float):
+        return duration / 1e9
+    return float(duration.removesuffix("s"))
