@@ -47,7 +47,7 @@ def test_bad_mix_is_refused_by_name(text: str, message: str) -> None:
 
 
 def test_profiles_and_their_promises() -> None:
-    assert set(PROFILES) == {"smoke", "steady", "ramp", "overload"}
+    assert set(PROFILES) == {"smoke", "steady", "ramp", "overload", "hostile"}
     assert get_profile("smoke").duration_s <= 30
     assert get_profile("steady").max_users == 32
     ramp = get_profile("ramp")
@@ -55,7 +55,8 @@ def test_profiles_and_their_promises() -> None:
     overload = get_profile("overload")
     assert overload.checks.expect_rejections and overload.checks.max_timeouts == 0
     assert "--max-queue" in overload.server_args
-    with pytest.raises(ValueError, match="unknown profile 'nope'; choose one of smoke, steady, ramp, overload"):
+    assert get_profile("hostile").driver == "hostile" and get_profile("steady").driver == "locust"
+    with pytest.raises(ValueError, match="unknown profile 'nope'; choose one of smoke, steady, ramp, overload, hostile"):
         get_profile("nope")
 
 

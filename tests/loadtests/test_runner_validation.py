@@ -149,7 +149,7 @@ def test_cli_one_line_error_and_no_connection(tmp_path: Path, listener: Counting
         [sys.executable, "-m", "bertserve", "loadtest", "--profile", "soak"], cwd=REPO, capture_output=True, text=True
     )
     assert unknown.returncode == 2
-    assert unknown.stderr.strip() == "error: unknown profile 'soak'; choose one of smoke, steady, ramp, overload"
+    assert unknown.stderr.strip() == "error: unknown profile 'soak'; choose one of smoke, steady, ramp, overload, hostile"
 
 
 def test_unreadable_data_file_is_refused_before_load(
