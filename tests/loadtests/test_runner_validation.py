@@ -149,7 +149,8 @@ def test_cli_one_line_error_and_no_connection(tmp_path: Path, listener: Counting
         [sys.executable, "-m", "bertserve", "loadtest", "--profile", "soak"], cwd=REPO, capture_output=True, text=True
     )
     assert unknown.returncode == 2
-    assert unknown.stderr.strip() == "error: unknown profile 'soak'; choose one of smoke, steady, ramp, overload, hostile"
+    choices = "smoke, steady, ramp, overload, hostile"
+    assert unknown.stderr.strip() == f"error: unknown profile 'soak'; choose one of {choices}"
 
 
 def test_unreadable_data_file_is_refused_before_load(
