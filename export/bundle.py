@@ -31,7 +31,6 @@ from torch import nn
 
 from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
-from bert_model.tasks.runtimes import OPENVINO_PROVIDER
 from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec, sequence_outputs
 from bert_model.tokenization import BertTokenizer
 from export.canonicalize import canonicalize
@@ -40,7 +39,7 @@ from export.graph import export_onnx, fuse_bert, fused_op_counts
 from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, judge_fp32, max_abs_diff
 from export.sentence_layout import EmbeddingSettings, embedding_settings
 from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard, served_task_settings
-from export.variant_names import CPU_PREFERENCE, DEFAULT_VARIANTS
+from export.variant_names import DEFAULT_VARIANTS
 from export.variants import RECIPES, CannotBuild, Sources, parse_variants
 from export.wrapper import ExportWrapper, GraphOptions, encoder_of, labels_of, load_task_model
 
@@ -183,7 +182,6 @@ def _build_into(
         variants=variants,
         labels=labels_of(model),
         lowercase=tokenizer.lowercase,
-        default_variants=_defaults(variants),
         source=_source_info(folder, opts, guard.describe(expected), rewrites, fused_counts, refused, started),
         task_settings=_task_settings(task, layout, encoder_of(model).config, max_len),
     )
@@ -318,21 +316,6 @@ def check_variant(name: str, path: Path, guard: TaskGuard, reference: tuple[Outp
     judgment = "max-abs-diff" if recipe.precision == "fp32" else guard.judgment
     result.figures.update(judgment=judgment, guard_source=guard.source, inputs=len(guard.features))
     return result
-
-
-def _defaults(variants: dict[str, VariantSpec]) -> dict[str, str]:
-    """cpu: the fastest variant written; cpu-onnxruntime: the fastest that ONNX Runtime alone runs (the
-    fallback of a service without OpenVINO); gpu: gpu-fp16."""
-    defaults = {}
-    cpu = [name for name in CPU_PREFERENCE if name in variants]
-    if cpu:
-        defaults["cpu"] = cpu[0]
-    plain = [name for name in cpu if variants[name].provider != OPENVINO_PROVIDER]
-    if plain and plain[0] != defaults["cpu"]:
-        defaults["cpu-onnxruntime"] = plain[0]
-    if "gpu-fp16" in variants:
-        defaults["gpu"] = "gpu-fp16"
-    return defaults
 
 
 def _source_info(

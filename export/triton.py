@@ -18,12 +18,11 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from bert_model.tasks.runtimes import OPENVINO_PROVIDER
+from bert_model.tasks.runtimes import CPU_PROVIDER, CUDA_PROVIDER, OPENVINO_PROVIDER
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
+from bert_model.tasks.variant_choice import choose_variant
 
-GPU_VARIANT = "gpu-fp16"
-CPU_VARIANTS = ("cpu-int8", "cpu-fp32")
-"""Variants the onnxruntime backend can run on CPU, preferred first (OpenVINO variants need another backend)."""
+ONNXRUNTIME = "Triton's onnxruntime backend"
 
 
 @dataclass
@@ -33,7 +32,8 @@ class TritonOptions:
     gpu: bool = False
     """Use the gpu-fp16 variant on GPU instances (TensorRT fp16 accelerator); else a CPU variant."""
     variant: str | None = None
-    """Bundle variant to serve; default gpu-fp16 on GPU, else the first of CPU_VARIANTS in the bundle."""
+    """Bundle variant to serve; default the GPU variant on GPU, else the CPU variant the service would serve without
+    OpenVINO (`bert_model.tasks.variant_choice`)."""
     model_name: str | None = None
     """Name in the repository; default the bundle's manifest name."""
     max_batch_size: int = 32
@@ -98,19 +98,20 @@ def model_config(manifest: BundleManifest, options: TritonOptions) -> pb.ModelCo
     return config
 
 
-def choose_variant(manifest: BundleManifest, options: TritonOptions) -> str:
+def triton_variant(manifest: BundleManifest, options: TritonOptions) -> str:
+    """The variant the model serves: a forced one that is not OpenVINO's, else the one the service would choose for
+    the instances' device among ONNX Runtime's CUDA (GPU instances) or CPU (CPU instances) graphs."""
     if options.variant is not None:
-        if options.variant not in manifest.variants:
-            raise ValueError(f"variant {options.variant!r} is not in the bundle ({', '.join(manifest.variants)})")
-        if manifest.variants[options.variant].provider == OPENVINO_PROVIDER:
-            raise ValueError(f"variant {options.variant!r} runs on OpenVINO, not Triton's onnxruntime backend")
-        return options.variant
-    wanted = (GPU_VARIANT,) if options.gpu else CPU_VARIANTS
-    for name in wanted:
-        if name in manifest.variants:
-            return name
-    hardware = "GPU" if options.gpu else "CPU"
-    raise ValueError(f"the bundle has none of the variants {wanted} needed for a {hardware} model")
+        return choose_variant(
+            manifest, forced=options.variant, can_run=lambda wanted: wanted != OPENVINO_PROVIDER, runtime=ONNXRUNTIME
+        )
+    provider = CUDA_PROVIDER if options.gpu else CPU_PROVIDER
+    return choose_variant(
+        manifest,
+        "cuda" if options.gpu else "cpu",
+        can_run=lambda wanted: wanted == provider,
+        runtime=f"{ONNXRUNTIME} on {'GPU' if options.gpu else 'CPU'} instances",
+    )
 
 
 def write_triton_repository(bundle_dir: str | Path, repo_dir: str | Path, options: TritonOptions | None = None) -> Path:
@@ -121,7 +122,7 @@ def write_triton_repository(bundle_dir: str | Path, repo_dir: str | Path, option
     options = options or TritonOptions()
     options.validate()
     manifest = BundleManifest.read(bundle_dir)
-    variant = choose_variant(manifest, options)
+    variant = triton_variant(manifest, options)
     config = model_config(manifest, options)
     repo = Path(repo_dir)
     repo.mkdir(parents=True, exist_ok=True)

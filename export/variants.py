@@ -54,8 +54,6 @@ class Recipe:
     provider: str
     """ONNX Runtime execution provider, or OPENVINO_PROVIDER."""
     precision: str
-    hardware: str
-    """`cpu` or `gpu`: which default slot of the manifest it can fill."""
     build: Callable[[Sources, Path], None]
     runtime_options: tuple[tuple[str, str], ...] = ()
     """OpenVINO `compile_model` settings (written to the manifest); empty for ONNX Runtime variants."""
@@ -127,16 +125,15 @@ OPENVINO_INT8: tuple[tuple[str, str], ...] = (
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
     for recipe in (
-        Recipe("cpu-fp32", "CPUExecutionProvider", "fp32", "cpu", _copy_fused),
-        Recipe("cpu-int8", "CPUExecutionProvider", "int8", "cpu", _dynamic_int8),
-        Recipe("gpu-fp16", "CUDAExecutionProvider", "fp16", "gpu", _fp16),
-        Recipe("openvino-int8", OPENVINO_PROVIDER, "int8", "cpu", _weight_only_int8, OPENVINO_INT8),
-        Recipe("openvino-bf16", OPENVINO_PROVIDER, "bf16", "cpu", _copy_raw, (("INFERENCE_PRECISION_HINT", "bf16"),)),
+        Recipe("cpu-fp32", "CPUExecutionProvider", "fp32", _copy_fused),
+        Recipe("cpu-int8", "CPUExecutionProvider", "int8", _dynamic_int8),
+        Recipe("gpu-fp16", "CUDAExecutionProvider", "fp16", _fp16),
+        Recipe("openvino-int8", OPENVINO_PROVIDER, "int8", _weight_only_int8, OPENVINO_INT8),
+        Recipe("openvino-bf16", OPENVINO_PROVIDER, "bf16", _copy_raw, (("INFERENCE_PRECISION_HINT", "bf16"),)),
         Recipe(
             "openvino-int8-static",
             OPENVINO_PROVIDER,
             "int8",
-            "cpu",
             _static_int8,
             (("INFERENCE_PRECISION_HINT", "bf16"),),
             build_requires=("nncf",),

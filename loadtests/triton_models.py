@@ -16,10 +16,10 @@ features with the project's task code (`bert_model.tasks`: the `tokenizers` wind
 service runs, with the windows and defaults the service takes from the manifest; the load tests talk to the
 service only over the wire, so nothing of `service` is imported, and tests/loadtests/test_triton_peer.py checks
 that the answers equal a running service's), sorts the features of the whole batch by length and runs them in
-calls of at most `--max-batch-size` rows padded to the longest, on the variant the service would choose (the
-bundle's default CPU variant: OpenVINO when it imports, else ONNX Runtime), compiled with the service's
-settings. `--instances N` binds N functions per model (Triton's instance_group count: N batches at once) over one
-OpenVINO graph compiled with N streams, as the service computes N batches at once on N streams by default.
+calls of at most `--max-batch-size` rows padded to the longest, on the variant the service would choose on this
+CPU (`bert_model.tasks.variant_choice`), compiled with the service's settings. `--instances N` binds N functions
+per model (Triton's instance_group count: N batches at once) over one OpenVINO graph compiled with N streams, as
+the service computes N batches at once on N streams by default.
 Prints READY once every model is bound and Triton serves.
 Reference: https://triton-inference-server.github.io/pytriton/ (binding, @batch, DynamicBatcher).
 """
@@ -46,8 +46,9 @@ from bert_model.tasks.embeddings import embedding_postprocess
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import build_ner_features, ner_postprocess
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
-from bert_model.tasks.runtimes import OPENVINO_PROVIDER, openvino_available
+from bert_model.tasks.runtimes import OPENVINO_PROVIDER
 from bert_model.tasks.spec import INPUT_NAMES, TOKENIZER_DIR, BundleManifest
+from bert_model.tasks.variant_choice import choose_variant
 from bert_model.tasks.windows import fit_ner_window, fit_qa_window
 from bert_model.tokenization import BertTokenizer
 
@@ -57,22 +58,13 @@ SEQUENCE_OUTPUTS = {"qa": ("start_logits", "end_logits"), "ner": ("logits",)}
 """Outputs with a row per token: cut to each feature's own length."""
 
 
-def default_cpu_variant(manifest: BundleManifest) -> str:
-    """The variant the service serves on a CPU: the manifest's cpu default (OpenVINO, when it imports), else its
-    ONNX Runtime default."""
-    name = manifest.cpu_default(lambda provider: provider != OPENVINO_PROVIDER or openvino_available())
-    if name is not None:
-        return name
-    raise ValueError(f"bundle {manifest.name!r} names no CPU variant this process can run")
-
-
 class Runner:
-    """The bundle's default CPU variant, compiled with the service's settings; numpy in, numpy out. OpenVINO:
+    """The CPU variant the service would serve, compiled with the service's settings; numpy in, numpy out. OpenVINO:
     `streams` > 1 compiles for that many batches at once (THROUGHPUT, as the service's --openvino-streams), and each
     calling thread (a Triton model instance) gets its own infer request."""
 
     def __init__(self, folder: Path, manifest: BundleManifest, streams: int = 1) -> None:
-        self.variant = default_cpu_variant(manifest)
+        self.variant = choose_variant(manifest, "cpu")
         spec = manifest.variants[self.variant]
         self.output_names = list(manifest.output_names)
         path = str(folder / spec.file)

@@ -206,12 +206,13 @@ class InferenceService:
 
     async def _start_chosen_backend(self, bundle: ServingBundle, serving_length: int) -> tuple[Backend, dict[str, Any]]:
         """The started backend and how its variant was chosen: `--variant auto` on a CPU times the candidates
-        (part of loading, so readiness waits for it); otherwise the forced or the manifest's default variant."""
+        (part of loading, so readiness waits for it); otherwise the variant `variant_choice` picks here."""
         settings = self.settings
         if settings.backend == "ort" and settings.variant == "auto":
-            from service.ort_backend import start_fastest_cpu_variant, times_variants
+            from bert_model.tasks.variant_choice import times_cpu_variants
+            from service.ort_backend import start_fastest_cpu_variant
 
-            if times_variants(settings.device):
+            if times_cpu_variants(settings.device):
                 timed, choice = await start_fastest_cpu_variant(
                     bundle.path,
                     bundle.manifest,

@@ -1,12 +1,9 @@
-"""In-process backend: ONNX Runtime (or OpenVINO for OpenVINO variants); picks the variant for the hardware and
-runs batches off the event loop.
+"""In-process backend: ONNX Runtime (or OpenVINO for OpenVINO variants); runs batches off the event loop.
 
-Variant choice: an explicit `variant` wins; otherwise the manifest's `default_variants["gpu"]` when CUDA is
-available (and asked for), else `default_variants["cpu"]`, else the best CPU variant this process can run.
-`start_fastest_cpu_variant` (`--variant auto` on a CPU) instead times the guarded CPU variants on this machine
-and serves the fastest (`service.variant_timing`).
-OpenVINO variants (the export step's fastest CPU graphs) run on the OpenVINO runtime when the optional
-`openvino` extra is installed; without it the next ONNX Runtime variant is served.
+Which variant serves is `bert_model.tasks.variant_choice`'s decision (a forced one, the GPU variant when CUDA is
+there, else the first of this CPU family's order that this process can run: without the optional `openvino`
+extra, an ONNX Runtime one). `start_fastest_cpu_variant` (`--variant auto` on a CPU) instead times that module's
+candidates on this machine and serves the fastest (`service.variant_timing`).
 On CUDA, inputs and outputs go through IO binding (outputs allocated by ORT on the device, copied back once)
 so fp16 graphs with fp32 I/O run without extra host copies of intermediates.
 Thread settings (intra-/inter-op) are exposed because a CPU server shares cores with its own event loop.
@@ -26,80 +23,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from bert_model.tasks.runtimes import CPU_PROVIDER, CUDA_PROVIDER, OPENVINO_PROVIDER, openvino_available
+from bert_model.tasks.runtimes import CPU_PROVIDER, CUDA_PROVIDER, OPENVINO_PROVIDER
 from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
+from bert_model.tasks.variant_choice import choose_variant, timing_candidates
 from bert_model.tokenization import BertTokenizer
 from service.errors import BackendBroken, BackendError, BackendUnavailable
-from service.variant_timing import FILLER_TEXT, VariantChoice, candidates, choose_fastest, timing_feed, timing_shapes
+from service.variant_timing import FILLER_TEXT, VariantChoice, choose_fastest, timing_feed, timing_shapes
 
 log = logging.getLogger(__name__)
-
-CPU_RUNTIMES = (CPU_PROVIDER, OPENVINO_PROVIDER)
-"""Providers of the variants that run on the CPU."""
-PRECISION_PREFERENCE = ("int8", "bf16", "fp16", "fp32")
-
-
-def cuda_available() -> bool:
-    return CUDA_PROVIDER in ort.get_available_providers()
-
-
-def runnable(provider: str) -> bool:
-    """Whether this process can run a graph built for `provider`."""
-    if provider == CUDA_PROVIDER:
-        return cuda_available()
-    if provider == OPENVINO_PROVIDER:
-        return openvino_available()
-    return provider == CPU_PROVIDER
-
-
-def choose_variant(manifest: BundleManifest, device: str = "auto", forced: str | None = None) -> tuple[str, str]:
-    """(variant name, provider) for this machine; raises ValueError naming the choices if impossible.
-
-    Order: a forced variant; on GPU the manifest's gpu default; the manifest's cpu default; then any CPU
-    variant this process can run, OpenVINO first, lower precision first.
-    """
-    if forced is not None:
-        if forced not in manifest.variants:
-            raise ValueError(f"bundle {manifest.name!r} has no variant {forced!r}; it has {sorted(manifest.variants)}")
-        provider = manifest.variants[forced].provider
-        if not runnable(provider):
-            raise ValueError(f"variant {forced!r} needs {provider}, which this process cannot run")
-        return forced, provider
-    if device == "cuda" and not cuda_available():
-        raise ValueError("device cuda was asked for, but this ONNX Runtime has no CUDAExecutionProvider")
-    use_gpu = device == "cuda" or (device == "auto" and cuda_available())
-    gpu = manifest.default_variants.get("gpu") if use_gpu else None
-    if gpu is not None and runnable(manifest.variants[gpu].provider):
-        return gpu, manifest.variants[gpu].provider
-    name = manifest.cpu_default(runnable)
-    if name is not None:
-        return name, manifest.variants[name].provider
-    cpu = [(name, spec) for name, spec in manifest.variants.items() if spec.provider in CPU_RUNTIMES]
-    cpu.sort(key=lambda item: (item[1].provider != OPENVINO_PROVIDER, _rank(item[1].precision)))
-    for name, spec in cpu:
-        if runnable(spec.provider):
-            return name, spec.provider
-    raise ValueError(f"bundle {manifest.name!r} has no variant this process can run: {sorted(manifest.variants)}")
-
-
-def cpu_order(manifest: BundleManifest) -> list[str]:
-    """The CPU variants in the static preference order: the manifest's cpu defaults, then OpenVINO first and
-    lower precision first (the order `choose_variant` falls back through; ties of `--variant auto` follow it)."""
-    defaults = [manifest.default_variants.get("cpu"), manifest.default_variants.get("cpu-onnxruntime")]
-    rest = sorted(
-        (name for name, spec in manifest.variants.items() if spec.provider in CPU_RUNTIMES),
-        key=lambda name: (
-            manifest.variants[name].provider != OPENVINO_PROVIDER,
-            _rank(manifest.variants[name].precision),
-        ),
-    )
-    named = [name for name in defaults if name is not None and name in manifest.variants]
-    return named + [name for name in rest if name not in named]
-
-
-def times_variants(device: str) -> bool:
-    """Whether `--variant auto` times CPU variants: it serves on the CPU (on a GPU the gpu default is served)."""
-    return device == "cpu" or (device == "auto" and not cuda_available())
 
 
 async def start_fastest_cpu_variant(
@@ -115,7 +46,7 @@ async def start_fastest_cpu_variant(
 ) -> tuple[OrtBackend, VariantChoice]:
     """Time the guarded CPU variants this process can run and return the fastest, started (`options`: the
     OrtBackend thread settings); logs the table as one line. Raises ValueError when none can be served."""
-    names, skipped = candidates(manifest, runnable, CPU_RUNTIMES, cpu_order(manifest))
+    names, skipped = timing_candidates(manifest)
     shapes = timing_shapes(manifest.task, serving_length, max_batch_size, max_batch_tokens)
     filler = tokenizer.backend.encode(FILLER_TEXT, add_special_tokens=False).ids
     feeds = {shape.label: timing_feed(shape, tokenizer.cls_id, tokenizer.sep_id, filler) for shape in shapes}
@@ -127,10 +58,6 @@ async def start_fastest_cpu_variant(
     log.info("variant chosen by timing", extra={"model": manifest.name, "variant": choice.variant, **choice.describe()})
     assert isinstance(backend, OrtBackend)
     return backend, choice
-
-
-def _rank(precision: str) -> int:
-    return PRECISION_PREFERENCE.index(precision) if precision in PRECISION_PREFERENCE else len(PRECISION_PREFERENCE)
 
 
 OPENVINO_WIDTH_MULTIPLE = 16
@@ -162,7 +89,8 @@ class OrtBackend:
     ) -> None:
         self.bundle_dir = Path(bundle_dir)
         self.manifest = manifest
-        self.variant, self.provider = choose_variant(manifest, device, variant)
+        self.variant = choose_variant(manifest, device, variant)
+        self.provider = manifest.variants[self.variant].provider
         self.output_names = list(manifest.output_names)
         self._intra = intra_op_threads
         self._inter = inter_op_threads

@@ -39,7 +39,8 @@ class ServiceSettings(BaseSettings):
     variant: str | None = Field(
         default=None,
         description="Force one bundle variant (e.g. cpu-fp32) for every model; `auto`: on a CPU, time each model's "
-        "guarded CPU variants at start and serve the fastest; unset: the manifest's default for the hardware.",
+        "guarded CPU variants at start and serve the fastest; unset: the first variant of this CPU family's order "
+        "that this process runs (on CUDA, the GPU variant).",
     )
     variant_budget_s: float = Field(
         default=3.0,

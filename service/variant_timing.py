@@ -1,22 +1,21 @@
 """`--variant auto`: time a bundle's guarded CPU variants on the model's own shapes at start, serve the fastest.
 
-Which variant is fastest depends on the CPU (AMX tiles make OpenVINO's int8 and bf16 graphs close; on an AVX-512
-VNNI machine without AMX the order changes), so a preference order fixed at export is wrong on some machines.
+Which variant is fastest depends on the CPU (AMX tiles make OpenVINO's int8 and bf16 graphs close; without VNNI
+ONNX Runtime's int8 leads), and the orders of `bert_model.tasks.variant_choice` are per CPU family, measured on a
+few machines: timing serves what is fastest on this one.
 
-Candidates: the bundle's CPU variants (ONNX Runtime CPU or OpenVINO) that passed their accuracy guard at export
-(their manifest entry carries the guard's `judgment`; refused ones are not written, and a variant named in
-`source.refused_variants` is never taken) and that this process can run (OpenVINO ones only when `openvino`
-imports). Each is loaded as it would serve (same threads), warmed up once per shape, then timed in interleaved
-rounds (every candidate takes a turn of `CALLS_PER_TURN` timed calls per shape, the candidates' order rotating
-each round) until the per-model budget (loading included) is spent, with at least `MIN_ROUNDS` rounds and at
-most `MAX_ROUNDS`; from then on, after each round a candidate more than `DROP_FACTOR` times slower than the
-best so far stops racing (it is closed; its figures stay in the report), so clearly slower graphs do not spend
-the budget.
+Candidates: `variant_choice.timing_candidates`, the bundle's CPU variants that passed their accuracy guard at export
+and that this process can run, in this CPU family's order. Each is loaded as it would serve (same threads), warmed
+up once per shape, then timed in interleaved rounds (every candidate takes a turn of `CALLS_PER_TURN` timed calls
+per shape, the candidates' order rotating each round) until the per-model budget (loading included) is spent, with
+at least `MIN_ROUNDS` rounds and at most `MAX_ROUNDS`; from then on, after each round a candidate more than
+`DROP_FACTOR` times slower than the best so far stops racing (it is closed; its figures stay in the report), so
+clearly slower graphs do not spend the budget.
 A candidate's time at a shape is the lower quartile of its calls: interference from other processes only ever
 adds time, so the lower quartile stays at the true speed while up to three calls in four are slowed (a median
 tolerates one in two, and the minimum rewards a lucky call). A candidate is scored by the mean over the shapes
 of its time relative to the best at that shape (batch 1 and the batcher's batch weigh the same); the lowest
-score is served, ties going to the earlier candidate of the static order. A candidate that fails to load or
+score is served, ties going to the earlier candidate in that order. A candidate that fails to load or
 run is skipped with a warning. The other candidates are closed; the chosen one is the backend that serves.
 
 Shapes: batch 1 and the batcher's full batch (`max_batch_size`, within `max_batch_tokens`) at the model's
@@ -35,8 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-
-from bert_model.tasks.spec import BundleManifest
 
 log = logging.getLogger(__name__)
 
@@ -116,28 +113,6 @@ def timing_feed(shape: Shape, cls_id: int, sep_id: int, filler_ids: Sequence[int
         "attention_mask": np.ones_like(input_ids),
         "token_type_ids": np.zeros_like(input_ids),
     }
-
-
-def candidates(
-    manifest: BundleManifest, can_run: Callable[[str], bool], cpu_providers: Sequence[str], order: Sequence[str]
-) -> tuple[list[str], dict[str, str]]:
-    """(guarded CPU variants this process runs, in `order`; variant -> why each other CPU variant is left out)."""
-    refused = manifest.source.get("refused_variants") or {}
-    chosen: list[str] = []
-    skipped: dict[str, str] = {}
-    for name in order:
-        spec = manifest.variants[name]
-        if spec.provider not in cpu_providers:
-            continue
-        if name in refused:
-            skipped[name] = f"refused by its accuracy guard at export: {refused[name]}"
-        elif "judgment" not in spec.parity:
-            skipped[name] = "no accuracy-guard judgment in the manifest (not guarded at export)"
-        elif not can_run(spec.provider):
-            skipped[name] = f"needs {spec.provider}, which this process cannot import"
-        else:
-            chosen.append(name)
-    return chosen, skipped
 
 
 def pick_fastest(timings: dict[str, dict[str, float]], order: Sequence[str]) -> str:

@@ -38,6 +38,14 @@ def test_torch_free_modules_import_without_torch() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_the_variant_choice_and_the_runtimes_import_without_onnx_or_a_runtime() -> None:
+    """Every stage asks them (the serving image has no onnx; the runtimes are imported when a variant opens)."""
+    blocked = "".join(f"sys.modules[{name!r}] = None\n" for name in ("torch", "onnx", "onnxruntime", "openvino"))
+    code = "import sys\n" + blocked + "import bert_model.tasks.variant_choice, bert_model.tasks.runtimes\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
 def imported_modules(path: Path) -> Iterator[str]:
     """Every module named by an absolute import in `path`, at any depth (lazy imports in functions too)."""
     for node in ast.walk(ast.parse(path.read_text())):

@@ -13,7 +13,6 @@ Torch-free and onnx-free.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +21,10 @@ Task = Literal["classify", "qa", "ner", "embed", "fill-mask"]
 TASKS: tuple[str, ...] = ("classify", "qa", "ner", "embed", "fill-mask")
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The manifest layout this build writes and reads; a bundle of another version is refused with the command that
+re-exports it. A manifest names no default variant: which one serves is decided where the bundle is served
+(`bert_model.tasks.variant_choice`)."""
 
 INPUT_NAMES: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
 """Every graph takes these int64 (batch_size, sequence_length) inputs, in this order."""
@@ -117,8 +119,6 @@ class BundleManifest:
     """Class names by index (classify, ner); empty for qa / embed."""
     lowercase: bool = True
     """Whether the tokenizer lower-cases (informational; the tokenizer folder is authoritative)."""
-    default_variants: dict[str, str] = field(default_factory=dict)
-    """Preferred variant per hardware: {"cpu": "cpu-int8", "gpu": "gpu-fp16"}."""
     source: dict[str, Any] = field(default_factory=dict)
     """Where it came from: model path or name, export options, creation time, versions."""
     task_settings: dict[str, Any] = field(default_factory=dict)
@@ -148,22 +148,10 @@ class BundleManifest:
             raise ValueError(f"manifest task_settings must be an object, got {self.task_settings!r}")
         if self.task in ("classify", "ner") and not self.labels:
             raise ValueError(f"a {self.task} bundle needs labels")
-        for hardware, variant in self.default_variants.items():
-            if variant not in self.variants:
-                raise ValueError(f"default variant {variant!r} for {hardware} is not among {sorted(self.variants)}")
 
     @property
     def output_names(self) -> tuple[str, ...]:
         return OUTPUT_NAMES[self.task]
-
-    def cpu_default(self, runnable: Callable[[str], bool]) -> str | None:
-        """The export step's CPU choice that `runnable(provider)` admits: the `cpu` default, else `cpu-onnxruntime`
-        (its fallback for a process without OpenVINO); None when neither runs here."""
-        for key in ("cpu", "cpu-onnxruntime"):
-            name = self.default_variants.get(key)
-            if name is not None and runnable(self.variants[name].provider):
-                return name
-        return None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -185,7 +173,10 @@ class BundleManifest:
             raise ValueError(f"{path} is not valid JSON: {error}") from error
         version = data.get("format_version")
         if version != FORMAT_VERSION:
-            raise ValueError(f"{path} has format_version {version!r}; this build reads {FORMAT_VERSION}")
+            raise ValueError(
+                f"{path} has format_version {version!r} and this build reads {FORMAT_VERSION}; re-export the bundle: "
+                f"{reexport_command(data, path)}"
+            )
         if data.get("task") in OUTPUT_NAMES:
             _check_outputs(data, path)
         try:
@@ -203,9 +194,15 @@ def _check_outputs(data: dict[str, Any], path: Path) -> None:
     task = data["task"]
     outputs = list(data.get("outputs") or UNLISTED_OUTPUT_NAMES[task])
     if outputs != list(OUTPUT_NAMES[task]):
-        model = data.get("source", {}).get("model", "MODEL") if isinstance(data.get("source"), dict) else "MODEL"
         raise ValueError(
             f"{path}: the graphs of this {task} bundle output {outputs}, and this build serves {task} graphs that "
             f"output {list(OUTPUT_NAMES[task])} (only what the answer needs leaves the graph); re-export the bundle: "
-            f"bertserve export {model} --out {path.parent}"
+            f"{reexport_command(data, path)}"
         )
+
+
+def reexport_command(data: dict[str, Any], path: Path) -> str:
+    """The command that writes the bundle of manifest `path` (its JSON `data`) again with this build."""
+    source = data.get("source")
+    model = source.get("model", "MODEL") if isinstance(source, dict) else "MODEL"
+    return f"bertserve export {model} --out {path.parent}"

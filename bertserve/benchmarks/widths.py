@@ -33,10 +33,11 @@ import numpy as np
 
 from bert_model.tasks.features import Feature, collate, padded_width
 from bert_model.tasks.readers import read_conll, read_squad, read_text_dataset
+from bert_model.tasks.runtimes import CPU_RUNTIMES, can_run
 from bertserve.benchmarks.report import command_line, provenance, render, write_report
 from service.bundles import ServingBundle, open_bundle
 from service.errors import ServiceError
-from service.ort_backend import CPU_RUNTIMES, OrtBackend, runnable
+from service.ort_backend import OrtBackend
 from service.pipelines import ClassifyInput, NERInput, QAInput, make_pipeline
 
 MULTIPLES = (1, 8, 16, 32)
@@ -80,11 +81,8 @@ def cut_batches(features: list[Feature], batch_size: int, group: int, seed: int)
 
 def cpu_variants(bundle: ServingBundle) -> list[str]:
     """The bundle's variants this process runs on a CPU (OpenVINO ones when `openvino` imports)."""
-    return [
-        name
-        for name, spec in bundle.manifest.variants.items()
-        if spec.provider in CPU_RUNTIMES and runnable(spec.provider)
-    ]
+    variants = bundle.manifest.variants
+    return [name for name, spec in variants.items() if spec.provider in CPU_RUNTIMES and can_run(spec.provider)]
 
 
 async def time_variant(

@@ -8,7 +8,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from bert_model.tasks.runtimes import CPU_RUNTIMES
 from bert_model.tasks.spec import OUTPUT_NAMES, BundleManifest
+from bert_model.tasks.variant_choice import CPU_ORDERS, GPU_ORDER
 from bert_model.tokenization import BertTokenizer
 from export import variants as variant_table
 from export.bundle import build_bundle
@@ -21,12 +23,17 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
 
+def test_every_variant_the_export_builds_has_its_place_in_every_order() -> None:
+    cpu = {name for name, recipe in variant_table.RECIPES.items() if recipe.provider in CPU_RUNTIMES}
+    assert all(set(order) == cpu for order in CPU_ORDERS.values())
+    assert set(GPU_ORDER) == set(variant_table.RECIPES) - cpu
+
+
 def test_bundle_holds_manifest_tokenizer_and_variants(tiny_bundle: Path) -> None:
     manifest = BundleManifest.read(tiny_bundle)
     assert manifest.task == "classify" and manifest.labels == ["negative", "positive"]
     assert manifest.max_seq_length == 512
     assert set(manifest.variants) == {"cpu-fp32", "cpu-int8", "gpu-fp16"}
-    assert manifest.default_variants == {"cpu": "cpu-int8", "gpu": "gpu-fp16"}
     assert manifest.variants["gpu-fp16"].provider == "CUDAExecutionProvider"
     assert manifest.variants["cpu-fp32"].fused_ops["Attention"] == 2
     assert manifest.variants["cpu-int8"].fused_ops["QAttention"] == 2

@@ -95,6 +95,16 @@ def test_a_bundle_with_other_outputs_is_refused_with_how_to_re_export(
     assert old in str(error.value) and f"bertserve export /models/enc --out {folder}" in str(error.value)
 
 
+def test_a_bundle_of_another_format_is_refused_with_how_to_re_export(tmp_path: Path) -> None:
+    folder = manifest_file(tmp_path / "bundle", "classify", ["logits"])
+    data = json.loads((folder / "manifest.json").read_text())
+    data.update(format_version=1, default_variants={"cpu": "cpu-fp32"})
+    (folder / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="has format_version 1 and this build reads 2; re-export the bundle") as error:
+        BundleManifest.read(folder)
+    assert str(error.value).endswith(f"bertserve export /models/enc --out {folder}")
+
+
 def test_manifests_list_their_outputs_and_other_tasks_read_without(tmp_path: Path) -> None:
     names = ["pooled_embedding", "normalized_embedding"]
     written = BundleManifest.read(manifest_file(tmp_path / "embed", "embed", names))

@@ -65,7 +65,6 @@ def test_written_graph_is_int8_qdq_runs_and_matches_its_manifest(
     spec = manifest.variants[VARIANT]
     assert (spec.file, spec.provider, spec.precision) == (f"{VARIANT}.onnx", OPENVINO_PROVIDER, "int8")
     assert spec.runtime_options == dict(RECIPES[VARIANT].runtime_options)
-    assert manifest.default_variants["cpu"] == VARIANT  # ranked before the ONNX Runtime variants
     assert spec.parity["judgment"] == "agreement-with-fp32" and spec.parity["label_agreement"] >= 0.99
     graph = onnx.load(str(tmp_path / "b" / spec.file))
     ops = [node.op_type for node in graph.graph.node]
@@ -89,7 +88,7 @@ def test_static_variant_outside_its_guard_is_refused(
     result = build_bundle(tiny_models["classify"], tmp_path / "b", variants=f"cpu-fp32,{VARIANT}", calibration=texts)
     assert "label_agreement" in result.refused[VARIANT]
     assert sorted(p.name for p in (tmp_path / "b").glob("*.onnx")) == ["cpu-fp32.onnx"]
-    assert VARIANT not in result.manifest.variants and result.manifest.default_variants["cpu"] == "cpu-fp32"
+    assert VARIANT not in result.manifest.variants
     with pytest.raises(AccuracyGuardError, match=f"variant {VARIANT} refused: label_agreement"):
         build_bundle(
             tiny_models["classify"], tmp_path / "c", variants=f"cpu-fp32,{VARIANT}", calibration=texts, strict=True
@@ -101,12 +100,12 @@ def test_static_variant_outside_its_guard_is_refused(
 def test_too_few_calibration_examples_skip_the_variant_with_the_reason(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    """Without data the guard has the built-in sentences, too few to calibrate on: the variant is skipped, the
-    CPU default falls back to the next variant, and --strict refuses the export."""
+    """Without data the guard has the built-in sentences, too few to calibrate on: the variant is skipped with the
+    reason, and --strict refuses the export."""
     result = build_bundle(tiny_models["classify"], tmp_path / "b", variants=f"cpu-fp32,{VARIANT}", data_dir=NO_DATA)
     assert result.refused[VARIANT].startswith("skipped: static int8 is calibrated on at least 100 examples")
     assert "--calibration FILE" in result.refused[VARIANT]
-    assert VARIANT not in result.manifest.variants and result.manifest.default_variants["cpu"] == "cpu-fp32"
+    assert VARIANT not in result.manifest.variants
     assert not (tmp_path / "b" / f"{VARIANT}.onnx").exists()
     assert result.manifest.source["refused_variants"][VARIANT] == result.refused[VARIANT]
     with pytest.raises(AccuracyGuardError, match=f"variant {VARIANT} refused: skipped: static int8"):

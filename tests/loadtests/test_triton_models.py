@@ -23,8 +23,12 @@ def openvino_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = build_tiny_bundle(tmp_path_factory.mktemp("bundles"), "classify")
     data = json.loads((folder / "manifest.json").read_text())
-    data["variants"]["openvino-fp32"] = {"file": "cpu-fp32.onnx", "provider": "OpenVINO", "precision": "fp32"}
-    data["default_variants"] = {"cpu": "openvino-fp32", "cpu-onnxruntime": "cpu-fp32"}
+    data["variants"]["openvino-bf16"] = {  # preferred to cpu-fp32 on every CPU family
+        "file": "cpu-fp32.onnx",
+        "provider": "OpenVINO",
+        "precision": "bf16",
+        "runtime_options": {"INFERENCE_PRECISION_HINT": "bf16"},
+    }
     copy = folder.parent / "openvino-classify"
     shutil.copytree(folder, copy)
     (copy / "manifest.json").write_text(json.dumps(data))
@@ -42,7 +46,7 @@ def test_instances_share_a_graph_with_streams_and_answer_alike(openvino_bundle: 
         feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)})
     single = Runner(openvino_bundle, manifest, streams=1)
     double = Runner(openvino_bundle, manifest, streams=2)
-    assert single.variant == double.variant == "openvino-fp32"
+    assert single.variant == double.variant == "openvino-bf16"
     assert int(double._compiled.get_property("NUM_STREAMS")) == 2
     expected = [single.run(feed) for feed in feeds]
     with ThreadPoolExecutor(2) as pool:  # two instances calling at once

@@ -84,7 +84,6 @@ def build_tiny_classifier(out_dir: Path, name: str = "tiny-sst2") -> tuple[Path,
         max_seq_length=MAX_SEQ_LENGTH,
         labels=LABELS,
         variants={"cpu-fp32": VariantSpec("cpu-fp32.onnx", "CPUExecutionProvider", "fp32")},
-        default_variants={"cpu": "cpu-fp32"},
         source={"built_by": "tests/loadtests/tiny_models.py", "seed": 0},
     ).write(bundle)
     return checkpoint, bundle

@@ -10,57 +10,22 @@ import numpy as np
 import pytest
 
 from bert_model.tasks.features import Feature
-from bert_model.tasks.spec import BundleManifest, VariantSpec
-from service import ort_backend
-from service.ort_backend import OrtBackend, choose_variant
+from bert_model.tasks.spec import BundleManifest
+from bert_model.tasks.variant_choice import choose_variant
+from service.ort_backend import OrtBackend
 from tests.service.tiny_bundles import with_openvino_variant
 
 
-def manifest(variants: dict[str, tuple[str, str]], defaults: dict[str, str]) -> BundleManifest:
-    return BundleManifest(
-        name="m",
-        task="classify",
-        max_seq_length=64,
-        labels=["a", "b"],
-        variants={
-            name: VariantSpec(f"{name}.onnx", provider, precision) for name, (provider, precision) in variants.items()
-        },
-        default_variants=defaults,
-    )
-
-
-FULL = {
-    "cpu-fp32": ("CPUExecutionProvider", "fp32"),
-    "cpu-int8": ("CPUExecutionProvider", "int8"),
-    "gpu-fp16": ("CUDAExecutionProvider", "fp16"),
-    "openvino-int8": ("OpenVINO", "int8"),
-}
-
-
-def test_variant_choice_follows_hardware_and_runtimes(monkeypatch: pytest.MonkeyPatch) -> None:
-    bundle = manifest(FULL, {"cpu": "openvino-int8", "gpu": "gpu-fp16"})
-    monkeypatch.setattr(ort_backend, "cuda_available", lambda: False)
-    monkeypatch.setattr(ort_backend, "openvino_available", lambda: True)
-    assert choose_variant(bundle) == ("openvino-int8", "OpenVINO")
-    monkeypatch.setattr(ort_backend, "openvino_available", lambda: False)
-    assert choose_variant(bundle) == ("cpu-int8", "CPUExecutionProvider")  # next best that ORT runs
-    assert choose_variant(bundle, forced="cpu-fp32") == ("cpu-fp32", "CPUExecutionProvider")
-    with pytest.raises(ValueError, match="needs CUDAExecutionProvider"):
-        choose_variant(bundle, forced="gpu-fp16")
-    with pytest.raises(ValueError, match="no variant 'nope'"):
-        choose_variant(bundle, forced="nope")
-    with pytest.raises(ValueError, match="device cuda"):
-        choose_variant(bundle, device="cuda")
-    monkeypatch.setattr(ort_backend, "cuda_available", lambda: True)
-    assert choose_variant(bundle) == ("gpu-fp16", "CUDAExecutionProvider")
-    assert choose_variant(bundle, device="cpu") == ("cpu-int8", "CPUExecutionProvider")
-    fallback = manifest(FULL, {"cpu": "openvino-int8", "cpu-onnxruntime": "cpu-fp32"})
-    monkeypatch.setattr(ort_backend, "openvino_available", lambda: False)
-    assert choose_variant(fallback, device="cpu") == ("cpu-fp32", "CPUExecutionProvider")  # the export's fallback
-    gpu_only = manifest({"gpu-fp16": FULL["gpu-fp16"]}, {"gpu": "gpu-fp16"})
-    monkeypatch.setattr(ort_backend, "cuda_available", lambda: False)
-    with pytest.raises(ValueError, match="no variant this process can run"):
-        choose_variant(gpu_only)
+def test_the_backend_serves_the_variant_the_choice_names(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """Without a forced variant the backend serves `variant_choice`'s pick for this machine; a forced one is checked
+    there too."""
+    folder = with_openvino_variant(tiny_bundles["classify"], tmp_path)
+    bundle = BundleManifest.read(folder)
+    backend = OrtBackend(folder, bundle, device="cpu")
+    assert (backend.variant, backend.provider) == ("cpu-fp32", "CPUExecutionProvider")  # openvino-fp32: no order
+    assert backend.variant == choose_variant(bundle, "cpu")
+    with pytest.raises(ValueError, match="has no variant 'nope': its variants are cpu-fp32, openvino-fp32"):
+        OrtBackend(folder, bundle, variant="nope")
 
 
 @pytest.mark.parametrize("task", ["classify", "ner"])

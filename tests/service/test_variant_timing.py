@@ -14,17 +14,13 @@ import numpy as np
 import pytest
 
 from bert_model.tasks.runtimes import CPU_PROVIDER as CPU
-from bert_model.tasks.runtimes import CUDA_PROVIDER as CUDA
-from bert_model.tasks.runtimes import OPENVINO_PROVIDER as OPENVINO
-from bert_model.tasks.spec import MANIFEST_FILE, BundleManifest, VariantSpec
+from bert_model.tasks.spec import MANIFEST_FILE
 from service.inference import InferenceService
-from service.ort_backend import cpu_order
 from service.settings import ServiceSettings
 from service.variant_timing import (
     MAX_ROUNDS,
     MIN_ROUNDS,
     Shape,
-    candidates,
     choose_fastest,
     pick_fastest,
     timing_feed,
@@ -142,40 +138,6 @@ def test_no_loadable_candidate_raises_naming_the_failures() -> None:
         run_choice({"a": {"b1x128": 1.0, "b8x128": 2.0}}, seed=0, fail=("a",))
 
 
-def manifest_with_every_kind_of_variant() -> BundleManifest:
-    return BundleManifest(
-        name="m",
-        task="classify",
-        max_seq_length=512,
-        labels=["neg", "pos"],
-        variants={
-            "cpu-fp32": VariantSpec("cpu-fp32.onnx", CPU, "fp32", {"judgment": "max-abs-diff"}),
-            "cpu-int8": VariantSpec("cpu-int8.onnx", CPU, "int8", {"max_abs_diff": 0.7}),  # no judgment: unguarded
-            "openvino-int8": VariantSpec("ov-int8.onnx", OPENVINO, "int8", GUARDED),
-            "openvino-bf16": VariantSpec("ov-bf16.onnx", OPENVINO, "bf16", GUARDED),
-            "gpu-fp16": VariantSpec("gpu-fp16.onnx", CUDA, "fp16", GUARDED),
-        },
-        default_variants={"cpu": "openvino-int8", "cpu-onnxruntime": "cpu-int8", "gpu": "gpu-fp16"},
-        source={"refused_variants": {"openvino-bf16": "label agreement 98.1% < 99%"}},
-    )
-
-
-def test_refused_unguarded_and_unrunnable_variants_are_never_candidates() -> None:
-    manifest = manifest_with_every_kind_of_variant()
-    names, skipped = candidates(manifest, lambda provider: provider == CPU, (CPU, OPENVINO), cpu_order(manifest))
-    assert names == ["cpu-fp32"]
-    assert skipped["cpu-int8"].startswith("no accuracy-guard judgment")
-    assert skipped["openvino-bf16"].startswith("refused by its accuracy guard at export: label agreement")
-    assert skipped["openvino-int8"] == "needs OpenVINO, which this process cannot import"
-    assert "gpu-fp16" not in skipped  # GPU graphs are not CPU candidates at all
-    names, _ = candidates(manifest, lambda provider: True, (CPU, OPENVINO), cpu_order(manifest))
-    assert names == ["openvino-int8", "cpu-fp32"]  # the static order: the cpu default first
-    # even when the unguarded variant would be the fastest, only candidates are timed
-    speeds = {"cpu-fp32": {"b1x128": 9.0, "b8x128": 70.0}, "openvino-int8": {"b1x128": 5.0, "b8x128": 30.0}}
-    _, choice, _ = run_choice({name: speeds[name] for name in names}, seed=3)
-    assert choice.variant == "openvino-int8"
-
-
 def test_ties_go_to_the_static_order_and_every_shape_weighs_the_same() -> None:
     even = {"a": {"b1x128": 5.0, "b8x128": 30.0}, "b": {"b1x128": 5.0, "b8x128": 30.0}}
     assert pick_fastest(even, ["b", "a"]) == "b"
@@ -209,7 +171,6 @@ def multi_variant_bundle(tiny_bundles: dict[str, Path], tmp_path: Path) -> Path:
         "cpu-raw": {"file": "raw.onnx", "provider": CPU, "precision": "int8", "parity": {}},
         "cpu-broken": {"file": "broken.onnx", "provider": CPU, "precision": "int8", "parity": GUARDED},
     }
-    manifest["default_variants"] = {"cpu": "cpu-int8"}
     (bundle / MANIFEST_FILE).write_text(json.dumps(manifest))
     return bundle
 

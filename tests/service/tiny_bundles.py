@@ -97,7 +97,6 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
         max_seq_length=MAX_SEQ_LENGTH,
         labels=labels,
         variants={"cpu-fp32": VariantSpec("cpu-fp32.onnx", "CPUExecutionProvider", "fp32")},
-        default_variants={"cpu": "cpu-fp32"},
         source={"built_by": "tests/service/tiny_bundles.py", "seed": seed},
         task_settings=TASK_SETTINGS.get(task, {}),
     ).write(bundle)
