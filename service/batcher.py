@@ -3,19 +3,24 @@
 One `Batcher` per loaded model. A request hands in its features (token sequences: one per text, or one per window
 of a long QA context) and awaits one output row per feature. A batch closes when it holds `max_batch_size`
 features, when its padded size (rows x padded width) would pass `max_batch_tokens`, or when its oldest feature has
-waited `max_wait_s`. Batches are cut around the oldest feature from the length-sorted queue (or its `window` oldest
-features), so padding stays small and nobody starves. The padded width is the longest row rounded up to the
-backend's `width_multiple` (OpenVINO's CPU kernels run widths that are multiples of 16 faster than the widths just
-below them), never past the graph's longest input. The queue is bounded: a request that does not fit is rejected
-at once (`Overloaded`). Requests whose deadline passed (or whose caller went away) are dropped before compute. A
-failure anywhere on a batch's path (padding, the backend, the output checks, delivery) fails only the requests of
-that batch, at once, and outputs are checked to have one row per input row; a model whose batch loop dies, whose
-backend reports itself broken, or whose batches keep failing has failed for good (see `Batcher`). With
+waited `max_wait_s`. Batches are cut around the first feature in fair order (start-time fair queueing over
+features: the oldest, except that a request which comes behind a long request's features goes before the rest of
+them) from the length-sorted queue (or its `window` first features), so padding stays small and nobody starves;
+no row is padded to more than `max_stretch` x the batch's shortest row (+ `stretch_tokens`), so a short request
+never waits on the compute of much longer rows. A `LongBatchGate` shared by a process's batchers holds batches of
+long rows to one at a time (and off the all-cores copy) while short requests come. The padded width is the longest
+row rounded up to the backend's `width_multiple` (OpenVINO's CPU kernels run widths that are multiples of 16 faster
+than the widths just below them), never past the graph's longest input. The queue is bounded: a request that does
+not fit is rejected at once (`Overloaded`). Requests whose deadline passed (or whose caller went away) are dropped
+before compute. A failure anywhere on a batch's path (padding, the backend, the output checks, delivery) fails only
+the requests of that batch, at once, and outputs are checked to have one row per input row; a model whose batch loop
+dies, whose backend reports itself broken, or whose batches keep failing has failed for good (see `Batcher`). With
 `passthrough` (the backend batches itself, e.g. Triton's dynamic batcher) every request goes straight to the
 backend as its own call, with the same checks and bounds.
 
 References: Triton dynamic batcher (max_queue_delay, preferred sizes), text-embeddings-inference's token
-budget batching (max_batch_tokens), Clipper (NSDI'17) adaptive batching.
+budget batching (max_batch_tokens), Clipper (NSDI'17) adaptive batching, start-time fair queueing (Goyal et al.,
+SIGCOMM'96).
 """
 
 from __future__ import annotations
@@ -91,8 +96,12 @@ class BatchConfig:
     max_padding: float | None = None
     """Padding allowed in a batch, as a fraction of its real tokens (None = pad freely)."""
     window: int | None = None
-    """A batch is cut from the `window` oldest features only (None = the whole queue): bounds how often a
-    feature of an unusual length can be passed over for neighbours in length that arrived after it."""
+    """A batch is cut from the `window` first features in fair order only (None = the whole queue): bounds how
+    often a feature of an unusual length can be passed over for neighbours in length that came after it."""
+    max_stretch: float | None = 2.0
+    """A batch's padded width is at most `max_stretch` x its shortest row + `stretch_tokens` (None = no limit): a
+    short row is never padded into (and made to wait on the compute of) a batch of much longer rows."""
+    stretch_tokens: int = 64
     max_queue: int = 512
     """Most features waiting (or, in passthrough, in flight); beyond it requests are rejected at once."""
     max_concurrency: int = 1
@@ -119,6 +128,8 @@ class BatchConfig:
             raise ValueError(f"max_wait_s must be >= 0, got {self.max_wait_s}")
         if self.max_padding is not None and self.max_padding < 0:
             raise ValueError(f"max_padding must be >= 0, got {self.max_padding}")
+        if self.max_stretch is not None and self.max_stretch < 1:
+            raise ValueError(f"max_stretch must be >= 1, got {self.max_stretch}")
         if self.window is not None and self.window < self.max_batch_size:
             raise ValueError(f"window must be at least max_batch_size ({self.max_batch_size}), got {self.window}")
 
@@ -160,6 +171,97 @@ class _Item:
     length: int
     arrival: int
     submitted: float
+    tag: int = 0
+    """Fair order (start-time fair queueing, one unit per feature): a request's features are tagged from the
+    virtual time at its submission up, so a request that comes while a long one is queued is next, and the
+    features of concurrent requests take turns."""
+
+    @property
+    def turn(self) -> tuple[int, int]:
+        return self.tag, self.arrival
+
+
+class LongBatchGate:
+    """Priority of short requests over batches of long rows, over every model of the process (one object shared by
+    their batchers; all on the event loop).
+
+    A request whose token sequences are all at most `short_width` long (a sentence) is short. While short requests
+    come (one is in progress, or one ended less than `hold_s` ago), at most `long_slots` batches of longer rows
+    (QA / NER windows, long texts) run at once in the process, and none of them on all cores (`run_alone`), so that
+    a core stays free for the short ones: on a small CPU two batches of 8 x 512 tokens take both cores for over a
+    second, and a sentence queued behind them would wait as long. Without short requests long batches run as the
+    models' concurrency allows.
+    """
+
+    def __init__(self, short_width: int, long_slots: int = 1, hold_s: float = 1.0) -> None:
+        if short_width < 1 or long_slots < 1 or hold_s < 0:
+            raise ValueError(
+                f"need short_width >= 1, long_slots >= 1 and hold_s >= 0, got {short_width}, {long_slots}, {hold_s}"
+            )
+        self.short_width = short_width
+        self.long_slots = long_slots
+        self.hold_s = hold_s
+        self._short = 0
+        self._long = 0
+        self._held_until = 0.0  # time.monotonic() until which the last short request still counts
+        self._timer: asyncio.TimerHandle | None = None
+        self._waiters: set[asyncio.Event] = set()
+
+    @property
+    def short_in_progress(self) -> int:
+        return self._short
+
+    @property
+    def long_running(self) -> int:
+        return self._long
+
+    def is_long(self, width: int) -> bool:
+        return width > self.short_width
+
+    def register(self, wakeup: asyncio.Event) -> None:
+        """`wakeup` is set whenever a held-back long batch may be able to start."""
+        self._waiters.add(wakeup)
+
+    def unregister(self, wakeup: asyncio.Event) -> None:
+        self._waiters.discard(wakeup)
+
+    def short_request(self, done: asyncio.Future[BatchResult]) -> None:
+        """A short request was queued; it counts until `done` is."""
+        self._short += 1
+        done.add_done_callback(self._short_ended)
+
+    @property
+    def short_coming(self) -> bool:
+        """A short request is in progress or ended less than `hold_s` ago."""
+        return self._short > 0 or time.monotonic() < self._held_until
+
+    def may_start(self, width: int) -> bool:
+        """Whether a batch of rows `width` tokens wide may start now."""
+        return not self.is_long(width) or self._long < self.long_slots or not self.short_coming
+
+    def may_use_all_cores(self, width: int) -> bool:
+        return not self.is_long(width) or not self.short_coming
+
+    def long_started(self) -> None:
+        self._long += 1
+
+    def long_ended(self) -> None:
+        self._long -= 1
+        self._notify()
+
+    def _short_ended(self, _: object) -> None:
+        self._short -= 1
+        if self._short > 0:
+            return
+        self._held_until = time.monotonic() + self.hold_s
+        if self._timer is not None:
+            self._timer.cancel()
+        # held-back long batches may start once the hold is over
+        self._timer = asyncio.get_running_loop().call_later(self.hold_s, self._notify)
+
+    def _notify(self) -> None:
+        for wakeup in self._waiters:
+            wakeup.set()
 
 
 class Batcher:
@@ -182,10 +284,12 @@ class Batcher:
         observer: BatchObserver | None = None,
         run_alone: RunBatch | None = None,
         on_failure: OnFailure | None = None,
+        gate: LongBatchGate | None = None,
     ) -> None:
         """`run_alone` (optional) runs a batch that nothing else competes with: no other batch running, nothing
         left waiting when it was cut (a backend may give it all its cores); `run_batch` runs every other one.
-        `on_failure` hears once that the model has failed for good."""
+        `on_failure` hears once that the model has failed for good. `gate` (shared by the models of a process)
+        holds long batches back while short requests are in progress."""
         self.model = model
         self.config = config
         self.output_names = tuple(output_names)
@@ -195,6 +299,7 @@ class Batcher:
         self._observer = observer
         self._pending: list[_Item] = []
         self._arrivals = 0
+        self._virtual = 0  # the tag of the last batch's first feature in fair order
         self._in_flight = 0
         self._wakeup: asyncio.Event | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -202,6 +307,7 @@ class Batcher:
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._on_failure = on_failure
+        self._gate = None if config.passthrough else gate
         self._failures = 0  # failed batches in a row
         self.failure: str | None = None
         """Why the model has failed for good (None while it serves)."""
@@ -213,6 +319,8 @@ class Batcher:
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         self._wakeup = asyncio.Event()
+        if self._gate is not None:
+            self._gate.register(self._wakeup)
         self._slots = asyncio.Semaphore(self.config.max_concurrency)
         if not self.config.passthrough:
             self._loop_task = asyncio.create_task(self._loop(), name=f"batcher-{self.model}")
@@ -223,6 +331,8 @@ class Batcher:
         self._closed = True
         if self._wakeup is not None:
             self._wakeup.set()
+            if self._gate is not None:
+                self._gate.unregister(self._wakeup)
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
@@ -318,6 +428,8 @@ class Batcher:
         if self.config.passthrough:
             return await self._passthrough(request)
         self._enqueue(request)
+        if self._gate is not None and not self._gate.is_long(max(len(f.input_ids) for f in features)):
+            self._gate.short_request(request.future)
         return await self._await(request)
 
     async def _await(self, request: _Request) -> BatchResult:
@@ -352,7 +464,9 @@ class Batcher:
     def _enqueue(self, request: _Request) -> None:
         for index, feature in enumerate(request.features):
             self._arrivals += 1
-            item = _Item(request, index, len(feature.input_ids), self._arrivals, request.submitted)
+            item = _Item(
+                request, index, len(feature.input_ids), self._arrivals, request.submitted, self._virtual + index
+            )
             self._pending.append(item)
         self._notify_depth()
         assert self._wakeup is not None
@@ -385,10 +499,19 @@ class Batcher:
             if not batch:
                 self._slots.release()
                 continue
+            width = self._batch_width(batch)
             alone = self._run_alone is not None and not self._batch_tasks and not self._pending
+            alone = alone and (self._gate is None or self._gate.may_use_all_cores(width))
             task = asyncio.create_task(self._execute(batch, alone))
             self._batch_tasks.add(task)
             task.add_done_callback(self._batch_finished)
+            if self._gate is not None and self._gate.is_long(width):
+                self._gate.long_started()
+                task.add_done_callback(lambda _: self._long_ended())
+
+    def _long_ended(self) -> None:
+        assert self._gate is not None
+        self._gate.long_ended()
 
     def _batch_finished(self, task: asyncio.Task[None]) -> None:
         self._batch_tasks.discard(task)
@@ -407,7 +530,13 @@ class Batcher:
                 continue
             wait = self._pending[0].submitted + self.config.max_wait_s - time.perf_counter()
             if wait <= 0 or self._full():
-                return self._take_batch()
+                batch = self._take_batch()
+                if self._gate is None or self._gate.may_start(self._batch_width(batch)):
+                    return self._remove_batch(batch)
+                # held back for short requests: cut again when one arrives or the gate opens
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
             self._wakeup.clear()
             try:
                 async with asyncio.timeout(wait):
@@ -436,29 +565,39 @@ class Batcher:
         self._notify_depth()
 
     def _take_batch(self) -> list[_Item]:
-        """Cut a batch out of the length-sorted queue (or its `window` oldest features) around the oldest feature.
+        """Choose a batch (`_remove_batch` takes it out of the queue) from the length-sorted queue (or its `window`
+        first features in fair order) around the first feature in fair order (`_Item.tag`: the oldest, but a request
+        that came behind a long one's features goes before the rest of them).
 
         The window grows towards the neighbour closer in length while the batch stays within the row limit, the
-        token budget, and the optional padding limit (padded tokens <= (1 + max_padding) x real tokens).
+        token budget, the stretch limit, and the optional padding limit (padded tokens <= (1 + max_padding) x real
+        tokens).
         """
         candidates = self._pending
         if self.config.window is not None and len(candidates) > self.config.window:
-            candidates = sorted(candidates, key=lambda item: item.arrival)[: self.config.window]
+            candidates = sorted(candidates, key=lambda item: item.turn)[: self.config.window]
         ordered = sorted(candidates, key=lambda item: (item.length, item.arrival))
-        oldest = min(candidates, key=lambda item: item.arrival)
-        anchor = ordered.index(oldest)
+        first = min(candidates, key=lambda item: item.turn)
+        anchor = ordered.index(first)
         low, high = anchor, anchor  # inclusive window in `ordered`
-        longest, real = oldest.length, oldest.length
+        longest, real = first.length, first.length
         while high - low + 1 < self.config.max_batch_size:
             grown = self._grow(ordered, low, high, longest, real)
             if grown is None:
                 break
             low, high, longest, real = grown
-        chosen = ordered[low : high + 1]
-        taken = {id(item) for item in chosen}
+        return ordered[low : high + 1]
+
+    def _remove_batch(self, batch: list[_Item]) -> list[_Item]:
+        """Remove a cut batch from the queue; the virtual time moves to its first feature's tag."""
+        self._virtual = max(self._virtual, min(item.tag for item in batch))
+        taken = {id(item) for item in batch}
         self._pending = [item for item in self._pending if id(item) not in taken]
         self._notify_depth()
-        return chosen
+        return batch
+
+    def _batch_width(self, batch: list[_Item]) -> int:
+        return self._width(max(item.length for item in batch))
 
     def _grow(
         self, ordered: list[_Item], low: int, high: int, longest: int, real: int
@@ -466,8 +605,9 @@ class Batcher:
         rows = high - low + 2
         left = ordered[low - 1] if low > 0 else None
         right = ordered[high + 1] if high + 1 < len(ordered) else None
-        left_ok = left is not None and self._fits(rows, longest, real + left.length)
-        right_ok = right is not None and self._fits(rows, max(longest, right.length), real + right.length)
+        shortest = ordered[low].length
+        left_ok = left is not None and self._fits(rows, longest, real + left.length, left.length)
+        right_ok = right is not None and self._fits(rows, max(longest, right.length), real + right.length, shortest)
         if left_ok and right_ok:
             assert left is not None and right is not None
             # the neighbour closer in length to the window adds less padding
@@ -483,8 +623,12 @@ class Batcher:
             return low, high + 1, max(longest, right.length), real + right.length
         return None
 
-    def _fits(self, rows: int, longest: int, real: int) -> bool:
-        if rows * self._width(longest) > self.config.max_batch_tokens:
+    def _fits(self, rows: int, longest: int, real: int, shortest: int) -> bool:
+        width = self._width(longest)
+        if rows * width > self.config.max_batch_tokens:
+            return False
+        stretch = self.config.max_stretch
+        if stretch is not None and width > stretch * shortest + self.config.stretch_tokens:
             return False
         # the padding limit judges the rows' lengths against each other; rounding the width up is the backend's
         # choice and is paid by a batch of one as well

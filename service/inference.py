@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from service.admission import BoundedExecutor, Door, QueueReservations
 from service.backend import Backend
-from service.batcher import BatchConfig, Batcher
+from service.batcher import BatchConfig, Batcher, LongBatchGate
 from service.bundles import ServingBundle, find_bundles, open_bundle
 from service.errors import BackendUnavailable, InvalidInput, NotReady, Overloaded, ServiceError, UnknownModel
 from service.metrics import ServiceMetrics
@@ -145,6 +145,8 @@ class InferenceService:
         """Requests receiving and at work over both front doors (the REST middleware and the gRPC interceptor)."""
         self.executor = BoundedExecutor(settings.tokenize_threads, settings.tokenize_queue)
         self.reservations = QueueReservations(self.metrics)
+        self.long_gate = LongBatchGate(settings.priority_width) if settings.priority_width is not None else None
+        """Short requests before long batches, over every model of this process (shared by their batchers)."""
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -256,6 +258,7 @@ class InferenceService:
             observer=self.metrics,
             run_alone=backend.infer_alone,
             on_failure=self._model_failed,
+            gate=self.long_gate,
         )
         await batcher.start()
         return LoadedModel(bundle=bundle, pipeline=pipeline, backend=backend, batcher=batcher)

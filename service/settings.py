@@ -88,6 +88,14 @@ class ServiceSettings(BaseSettings):
         "choice: 16 for OpenVINO variants, whose kernels run such widths faster; 1, the longest sequence, else).",
     )
     max_queue: int = Field(default=512, ge=1, description="Features waiting per model; beyond it requests get 429.")
+    priority_width: int | None = Field(
+        default=128,
+        ge=1,
+        description="Requests whose token sequences are all at most this long (sentences) go before long batches: "
+        "while one is in progress, at most one batch of longer rows (QA / NER windows, long texts) runs at a time in "
+        "the process, over all models, and not on all cores, so that a core stays free for the short ones (unset = "
+        "no priority: long batches run as each model's concurrency allows).",
+    )
     max_concurrent_batches: int | None = Field(
         default=None,
         ge=1,

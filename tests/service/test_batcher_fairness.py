@@ -1,0 +1,134 @@
+"""Short requests beside long ones: fair order in a batcher (a request that comes behind a long request's features
+is next, and is not padded into a batch of much longer rows), and the process-wide gate that keeps a core free for
+short requests while long batches run (`LongBatchGate`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from service.batcher import BatchConfig, Batcher, LongBatchGate
+from tests.service.test_batcher import FakeBackend, feat
+
+
+class CountingBackend(FakeBackend):
+    """A FakeBackend that records, per call, its width and how many calls of rows wider than `wide` ran at once."""
+
+    def __init__(self, delay: float, wide: int, running: list[int]) -> None:
+        super().__init__(delay=delay)
+        self.wide = wide
+        self.running = running  # shared by the backends of one test: [calls of wide rows running now, most seen]
+
+    async def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        wide = arrays["input_ids"].shape[1] > self.wide
+        if wide:
+            self.running[0] += 1
+            self.running[1] = max(self.running[1], self.running[0])
+        try:
+            return await super().__call__(arrays)
+        finally:
+            if wide:
+                self.running[0] -= 1
+
+
+def _batcher(backend: FakeBackend, gate: LongBatchGate | None = None, **config: object) -> Batcher:
+    settings = BatchConfig(**config)  # type: ignore[arg-type]
+    return Batcher("m", backend, settings, output_names=("logits", "tokens"), sequence_outputs=("tokens",), gate=gate)
+
+
+def test_a_short_request_behind_a_long_one_goes_next_and_alone() -> None:
+    """32 features of 200 tokens queued behind a running call, then one of 10 tokens: it runs in the next call, on
+    its own width (main: after the long request's features, padded to 200 in a batch of them)."""
+
+    async def go() -> tuple[list[tuple[int, int]], int]:
+        backend = FakeBackend(delay=0.02)
+        batcher = _batcher(backend, max_batch_size=8, max_wait_s=0, window=16)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        long = asyncio.ensure_future(batcher.submit([feat(200, i) for i in range(32)], deadline))
+        await asyncio.sleep(0.005)  # the long request's first batch is running
+        await batcher.submit([feat(10, 99)], deadline)
+        calls_before_short = len(backend.calls)
+        await long
+        await batcher.close()
+        return backend.calls, calls_before_short
+
+    calls, calls_at_answer = asyncio.run(go())
+    assert calls[1] == (1, 10), calls  # right after the running call, on its own width
+    assert calls_at_answer == 2
+    assert sum(rows for rows, width in calls if width == 200) == 32
+
+
+def test_the_stretch_limit_keeps_short_rows_out_of_batches_of_long_rows() -> None:
+    """Rows of 10 and 200 tokens queued together: no call pads a 10 to 200 (2 x 10 + 64 < 200); without the limit
+    they share calls."""
+
+    async def go(stretch: float | None) -> list[tuple[int, int]]:
+        backend = FakeBackend(delay=0.02)
+        batcher = _batcher(backend, max_batch_size=8, max_wait_s=0, max_stretch=stretch)
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        blocker = asyncio.ensure_future(batcher.submit([feat(7, 98)], deadline))
+        await asyncio.sleep(0.005)
+        lengths = [200, 10, 200, 10, 200, 10]
+        await asyncio.gather(blocker, *(batcher.submit([feat(n, i)], deadline) for i, n in enumerate(lengths)))
+        await batcher.close()
+        return backend.calls[1:]
+
+    assert sorted(asyncio.run(go(2.0))) == [(3, 10), (3, 200)]
+    assert asyncio.run(go(None)) == [(6, 200)]
+    with pytest.raises(ValueError, match="max_stretch"):
+        BatchConfig(max_stretch=0.5)
+
+
+def _gated_run(hold_s: float, with_short: bool) -> tuple[int, list[float]]:
+    """Two models on one gate, each running 2 calls at once: model A gets long requests (rows of 200), model B
+    short ones (rows of 10) every 20 ms. Returns the most calls of long rows seen at once and B's latencies."""
+    running = [0, 0]
+    gate = LongBatchGate(short_width=128, hold_s=hold_s)
+
+    async def go() -> list[float]:
+        long_model = _batcher(
+            CountingBackend(0.05, 128, running), gate, max_batch_size=2, max_wait_s=0, max_concurrency=2
+        )
+        short_model = _batcher(
+            CountingBackend(0.005, 128, running), gate, max_batch_size=2, max_wait_s=0, max_concurrency=2
+        )
+        await long_model.start()
+        await short_model.start()
+        deadline = time.perf_counter() + 20
+        latencies: list[float] = []
+
+        async def short(i: int) -> None:
+            start = time.perf_counter()
+            await short_model.submit([feat(10, i)], deadline)
+            latencies.append(time.perf_counter() - start)
+
+        longs = [asyncio.ensure_future(long_model.submit([feat(200, i) for i in range(8)], deadline)) for _ in range(2)]
+        shorts = []
+        for i in range(15 if with_short else 0):
+            shorts.append(asyncio.ensure_future(short(i)))
+            await asyncio.sleep(0.02)
+        await asyncio.gather(*longs, *shorts)
+        await long_model.close()
+        await short_model.close()
+        return latencies
+
+    latencies = asyncio.run(go())
+    assert gate.short_in_progress == 0 and gate.long_running == 0
+    return running[1], latencies
+
+
+def test_while_short_requests_come_at_most_one_long_batch_runs_in_the_process() -> None:
+    most_long, latencies = _gated_run(hold_s=1.0, with_short=True)
+    assert most_long == 1
+    # a short request never waits for a long call: its model has a free slot and the long model is held to one
+    assert max(latencies) < 0.045, latencies
+
+
+def test_without_short_requests_long_batches_use_every_slot() -> None:
+    most_long, _ = _gated_run(hold_s=0.0, with_short=False)
+    assert most_long == 2
