@@ -2,10 +2,11 @@
 
 The bundle layout and manifest are the contract in `bert_model.tasks.spec` (BundleManifest, VariantSpec).
 Steps: validate every option before any work; load the model (eager attention); read the guard's examples
-(task_guard.py); export opset-17 ONNX; canonicalize and fuse; build each requested variant; run each against
-PyTorch fp32 on the guard's batches, decode both with `bertserve evaluate`'s task logic and refuse the variants
-outside their guard (parity.py); write everything into a temporary folder next to the target and rename it
-into place at the end, so a failure never leaves a half-written bundle. The manifest carries the model's own
+(task_guard.py); export opset-17 ONNX; canonicalize and fuse; build each requested variant; run each, opened as
+the service opens it (`bert_model.tasks.runtimes`), against PyTorch fp32 on the guard's batches, decode both with
+`bertserve evaluate`'s task logic and refuse the variants outside their guard (parity.py); write everything into a
+temporary folder next to the target and rename it into place at the end, so a failure never leaves a half-written
+bundle. The manifest carries the model's own
 window and decoding settings (`task_settings`, the ones `bertserve evaluate` uses) for the service's defaults;
 an embed bundle's are its pooling and normalization (export/sentence_layout.py), a fill-mask bundle's its mask
 token. The encoder's own tasks are guarded by export/encoder_guards.py. Their graphs put only the answer's inputs
@@ -31,6 +32,7 @@ from torch import nn
 
 from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
+from bert_model.tasks.runtimes import OpenedVariant, open_variant
 from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec, sequence_outputs
 from bert_model.tokenization import BertTokenizer
 from export.canonicalize import canonicalize
@@ -284,36 +286,54 @@ def _build_variants(
             refused[name] = f"skipped: {error}"
             logger.warning("variant %s skipped: %s", name, error)
             continue
-        result = check_variant(recipe.name, path, guard, reference)
+        spec = recipe.spec()
+        result = check_variant(spec, path, guard, reference)
         if not result.passed:
             refused[name] = result.message
             logger.warning("variant %s refused (not written): %s", name, result.message)
             path.unlink()
             continue
-        counts = fused_op_counts(onnx.load(str(path), load_external_data=False))
-        variants[name] = VariantSpec(
-            recipe.file, recipe.provider, recipe.precision, result.figures, counts, dict(recipe.runtime_options)
-        )
+        spec.parity = result.figures
+        spec.fused_ops = fused_op_counts(onnx.load(str(path), load_external_data=False))
+        variants[name] = spec
     return variants, refused
 
 
-def check_variant(name: str, path: Path, guard: TaskGuard, reference: tuple[Outputs, Scored]) -> ParityResult:
-    """Run variant `name` (file `path`) on the guard batches and judge it against PyTorch fp32: its raw outputs
-    (fp32), or its predictions decoded with `bertserve evaluate`'s task logic (reduced precision)."""
-    recipe = RECIPES[name]
-    run = recipe.runner(path)
+def check_variant(spec: VariantSpec, path: Path, guard: TaskGuard, reference: tuple[Outputs, Scored]) -> ParityResult:
+    """Open variant `spec` (file `path`) as the service serves it (`open_variant` with the service's default settings),
+    run it on the guard batches and judge it against PyTorch fp32: its raw outputs (fp32), or its predictions decoded
+    with `bertserve evaluate`'s task logic (reduced precision). A variant that serves lone batches on a copy compiled
+    for latency is judged on both compiled graphs: the first refusal, else the figures of the graph serving batches."""
+    opened = open_variant(path, spec, OUTPUT_NAMES[guard.task])
+    try:
+        results = [
+            _judge(spec.precision, _guard_outputs(opened, guard, alone), guard, reference)
+            for alone in ((False, True) if opened.lone_copy else (False,))
+        ]
+    finally:
+        opened.close()
+    failed = [result for result in results if not result.passed]
+    if failed and failed[0] is not results[0]:
+        failed[0].message += " (on the copy compiled for lone batches)"
+    return failed[0] if failed else results[0]
+
+
+def _guard_outputs(opened: OpenedVariant, guard: TaskGuard, alone: bool) -> Outputs:
+    return [guard.keep(opened.run(feed, alone=alone), index) for index, feed in enumerate(guard.feeds)]
+
+
+def _judge(precision: str, candidate: Outputs, guard: TaskGuard, reference: tuple[Outputs, Scored]) -> ParityResult:
     outputs, expected = reference
-    candidate = [guard.keep(run(feed), index) for index, feed in enumerate(guard.feeds)]
     # Kept rows are real positions already (fill-mask: the masked ones); per-token outputs are compared at
     # attended positions, per-input ones (classify's logits, embed's vectors) whole.
     masks = None if guard.trim is not None else [feed["attention_mask"] for feed in guard.feeds]
     per_token = sequence_outputs(guard.task)
-    if recipe.precision == "fp32":
+    if precision == "fp32":
         result = judge_fp32(outputs, candidate, masks, per_token)
     else:
         result = guard.judge(expected, guard.score(candidate))
         result.figures["max_abs_diff"] = max_abs_diff(outputs, candidate, masks, per_token)
-    judgment = "max-abs-diff" if recipe.precision == "fp32" else guard.judgment
+    judgment = "max-abs-diff" if precision == "fp32" else guard.judgment
     result.figures.update(judgment=judgment, guard_source=guard.source, inputs=len(guard.features))
     return result
 

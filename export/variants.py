@@ -19,7 +19,8 @@ openvino-int8 stores int8 weights behind DequantizeLinear; OpenVINO's CPU plugin
 export-time dependency, in the `train` extra).
 
 The OpenVINO variants carry their compile settings in `VariantSpec.runtime_options`; the file is still a
-standard ONNX graph (ONNX Runtime runs it too, in float, if OpenVINO is missing).
+standard ONNX graph (ONNX Runtime runs it too, in float, if OpenVINO is missing). How a variant is opened to run is
+`bert_model.tasks.runtimes`' (the guard opens it as the service does).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ import numpy as np
 import onnx
 
 from bert_model.tasks.runtimes import OPENVINO_PROVIDER, openvino_available
+from bert_model.tasks.spec import VariantSpec
 from export.quantize import quantize_dynamic_int8, weight_only_int8
-from export.runtime import Runner, openvino_runner, ort_runner
 
 
 @dataclass
@@ -64,11 +65,9 @@ class Recipe:
     def file(self) -> str:
         return f"{self.name}.onnx"
 
-    def runner(self, path: Path) -> Runner:
-        """How the guard (and the benchmark) runs this variant on this CPU."""
-        if self.provider == OPENVINO_PROVIDER:
-            return openvino_runner(path, dict(self.runtime_options))
-        return ort_runner(path, "CPUExecutionProvider")
+    def spec(self) -> VariantSpec:
+        """The manifest entry of the variant, before its guard's figures and fused-op counts are added."""
+        return VariantSpec(self.file, self.provider, self.precision, runtime_options=dict(self.runtime_options))
 
     def unavailable(self) -> str | None:
         """Why this variant cannot be built and checked here (its runtime is missing), or None."""

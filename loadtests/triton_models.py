@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,8 +45,8 @@ from bert_model.tasks.embeddings import embedding_postprocess
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import build_ner_features, ner_postprocess
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
-from bert_model.tasks.runtimes import OPENVINO_PROVIDER
-from bert_model.tasks.spec import INPUT_NAMES, TOKENIZER_DIR, BundleManifest
+from bert_model.tasks.runtimes import RuntimeSettings, open_variant
+from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
 from bert_model.tasks.variant_choice import choose_variant
 from bert_model.tasks.windows import fit_ner_window, fit_qa_window
 from bert_model.tokenization import BertTokenizer
@@ -59,48 +58,17 @@ SEQUENCE_OUTPUTS = {"qa": ("start_logits", "end_logits"), "ner": ("logits",)}
 
 
 class Runner:
-    """The CPU variant the service would serve, compiled with the service's settings; numpy in, numpy out. OpenVINO:
-    `streams` > 1 compiles for that many batches at once (THROUGHPUT, as the service's --openvino-streams), and each
-    calling thread (a Triton model instance) gets its own infer request."""
+    """The CPU variant the service would serve, opened as the service opens it (`bert_model.tasks.runtimes`);
+    numpy in, numpy out. OpenVINO: `streams` > 1 compiles for that many batches at once (THROUGHPUT, as the service's
+    --openvino-streams), and each calling thread (a Triton model instance) gets its own infer request."""
 
     def __init__(self, folder: Path, manifest: BundleManifest, streams: int = 1) -> None:
         self.variant = choose_variant(manifest, "cpu")
         spec = manifest.variants[self.variant]
-        self.output_names = list(manifest.output_names)
-        path = str(folder / spec.file)
-        if spec.provider == OPENVINO_PROVIDER:
-            import openvino as ov
-
-            config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", **spec.runtime_options}
-            if streams > 1:
-                config.update(PERFORMANCE_HINT="THROUGHPUT", NUM_STREAMS=str(streams))
-            compiled = ov.Core().compile_model(path, "CPU", config)
-            names = {node.get_any_name() for node in compiled.inputs}
-            ports = {name: port for port in compiled.outputs for name in port.get_names()}
-            self._compiled = compiled
-            self._local = threading.local()
-            self._ports = {name: ports[name] for name in self.output_names}
-            self.run = self._run_openvino
-        else:
-            import onnxruntime as ort
-
-            options = ort.SessionOptions()
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self._session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-            names = {node.name for node in self._session.get_inputs()}
-            self.run = self._run_onnxruntime
-        self.input_names = [name for name in INPUT_NAMES if name in names]
-
-    def _run_openvino(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        request = getattr(self._local, "request", None)
-        if request is None:
-            request = self._local.request = self._compiled.create_infer_request()
-        result = request.infer({name: arrays[name] for name in self.input_names})
-        return {name: np.array(result[port]) for name, port in self._ports.items()}
-
-    def _run_onnxruntime(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        values = self._session.run(self.output_names, {name: arrays[name] for name in self.input_names})
-        return dict(zip(self.output_names, values, strict=True))
+        # no latency copy: a Triton model instance never knows that its batch runs alone
+        settings = RuntimeSettings(openvino_streams=streams, openvino_lone_latency=False)
+        self.opened = open_variant(folder / spec.file, spec, manifest.output_names, settings)
+        self.run = self.opened.run
 
 
 # ---- requests in, answers out (the service's defaults and the shapes of its REST routes) ------------------

@@ -4,27 +4,24 @@ Which variant serves is `bert_model.tasks.variant_choice`'s decision (a forced o
 there, else the first of this CPU family's order that this process can run: without the optional `openvino`
 extra, an ONNX Runtime one). `start_fastest_cpu_variant` (`--variant auto` on a CPU) instead times that module's
 candidates on this machine and serves the fastest (`service.variant_timing`).
-On CUDA, inputs and outputs go through IO binding (outputs allocated by ORT on the device, copied back once)
-so fp16 graphs with fp32 I/O run without extra host copies of intermediates.
-Thread settings (intra-/inter-op) are exposed because a CPU server shares cores with its own event loop.
-Reference: https://onnxruntime.ai/docs/performance/tune-performance/ , .../api/python/api_summary.html#iobinding
+The variant is opened by `bert_model.tasks.runtimes.open_variant` with the service's thread and stream settings, as
+the export's accuracy guard opens it; this module runs its batches on worker threads and keeps a lone batch of an
+OpenVINO variant on the latency copy apart from the batches on its streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
-from bert_model.tasks.runtimes import CPU_PROVIDER, CUDA_PROVIDER, OPENVINO_PROVIDER
-from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
+from bert_model.tasks.runtimes import OPENVINO_PROVIDER, OpenedVariant, RuntimeSettings, open_variant
+from bert_model.tasks.spec import BundleManifest
 from bert_model.tasks.variant_choice import choose_variant, timing_candidates
 from bert_model.tokenization import BertTokenizer
 from service.errors import BackendBroken, BackendError, BackendUnavailable
@@ -68,7 +65,7 @@ CPU kernels pay for every padded column, so its variants pad to the longest row.
 
 
 class OrtBackend:
-    """One ONNX Runtime session over one bundle variant."""
+    """One bundle variant on ONNX Runtime or OpenVINO, in this process."""
 
     kind = "ort"
     batches_itself = False
@@ -80,35 +77,24 @@ class OrtBackend:
         *,
         device: str = "auto",
         variant: str | None = None,
-        intra_op_threads: int = 0,
-        inter_op_threads: int = 0,
         workers: int | None = None,
-        spinning: bool = False,
-        openvino_streams: int = 1,
-        openvino_lone_latency: bool = True,
+        **runtime: Any,
     ) -> None:
+        """`runtime`: the `RuntimeSettings` fields (threads, spinning, OpenVINO streams), default the service's;
+        `workers`: threads running calls (default: the batches the variant computes at once)."""
         self.bundle_dir = Path(bundle_dir)
         self.manifest = manifest
         self.variant = choose_variant(manifest, device, variant)
         self.provider = manifest.variants[self.variant].provider
         self.output_names = list(manifest.output_names)
-        self._intra = intra_op_threads
-        self._inter = inter_op_threads
-        self._spinning = spinning
+        self.settings = RuntimeSettings(**runtime)
         self.kind = "openvino" if self.provider == OPENVINO_PROVIDER else "ort"
-        self._streams = openvino_streams if self.kind == "openvino" else 1
         self.width_multiple = OPENVINO_WIDTH_MULTIPLE if self.kind == "openvino" else 1
-        self._lone_latency = openvino_lone_latency and self._streams > 1
+        self._lone_copy = self.settings.lone_copy(self.provider)
         self._executor = ThreadPoolExecutor(
             max_workers=workers or self.concurrency, thread_name_prefix=f"ort-{manifest.name}"
         )
-        self._session: ort.InferenceSession | None = None
-        self._compiled: Any = None  # an OpenVINO CompiledModel for OpenVINO variants
-        self._compiled_lone: Any = None  # the same graph compiled for latency, for batches that run alone
-        self._local = threading.local()
-        self._output_ports: dict[str, Any] = {}
-        self._lone_output_ports: dict[str, Any] = {}
-        self._input_names: list[str] = []
+        self._runtime: OpenedVariant | None = None
         self._closed = False
         self._calls = 0  # backend calls in flight (counted on the event loop)
         self._lone_done: asyncio.Event | None = None  # set when the running lone call ends
@@ -118,78 +104,11 @@ class OrtBackend:
     @property
     def concurrency(self) -> int:
         """Batches this backend computes at once: an OpenVINO variant's streams, else 1."""
-        return self._streams
+        return self.settings.concurrency(self.provider)
 
     def _load(self) -> None:
-        if self.provider == OPENVINO_PROVIDER:
-            self._compile_openvino()
-        else:
-            self._session = self._create_session()
-
-    def _compile_openvino(self) -> None:
-        import openvino as ov
-
         spec = self.manifest.variants[self.variant]
-        latency: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
-        if self._intra:
-            latency["INFERENCE_NUM_THREADS"] = self._intra
-        latency.update(spec.runtime_options)
-        config = latency
-        if self._streams > 1:  # several batches at once, each on its share of the cores
-            config = {**latency, "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": str(self._streams)}
-        core = ov.Core()
-        model = core.read_model(str(self.bundle_dir / spec.file))
-        compiled = core.compile_model(model, "CPU", config)
-        if self._lone_latency:
-            self._compiled_lone = core.compile_model(model, "CPU", latency)
-        inputs = {node.get_any_name() for node in compiled.inputs}
-        self._input_names = [name for name in INPUT_NAMES if name in inputs]
-        self._output_ports = self._contract_ports(compiled, spec.file)
-        self._compiled = compiled
-        if self._compiled_lone is not None:
-            self._lone_output_ports = self._contract_ports(self._compiled_lone, spec.file)
-
-    def _contract_ports(self, compiled: Any, file: str) -> dict[str, Any]:
-        """The compiled model's output port of each contract output name (a tensor may carry several names)."""
-        ports = {name: port for port in compiled.outputs for name in port.get_names()}
-        absent = [name for name in self.output_names if name not in ports]
-        if absent:
-            raise ValueError(f"{file} lacks the outputs {absent} of a {self.manifest.task} bundle")
-        return {name: ports[name] for name in self.output_names}
-
-    def _run_openvino(self, feed: dict[str, np.ndarray], lone: bool) -> dict[str, np.ndarray]:
-        name = "lone_request" if lone else "request"
-        request = getattr(self._local, name, None)
-        if request is None:  # one infer request per worker thread (and copy)
-            compiled = self._compiled_lone if lone else self._compiled
-            request = compiled.create_infer_request()
-            setattr(self._local, name, request)
-        result = request.infer(feed)
-        ports = self._lone_output_ports if lone else self._output_ports
-        return {name: np.array(result[port]) for name, port in ports.items()}
-
-    def _create_session(self) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self._intra
-        options.inter_op_num_threads = self._inter
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # spinning workers burn the cores that the event loop and tokenization need between calls
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self._spinning else "0")
-        options.add_session_config_entry("session.inter_op.allow_spinning", "1" if self._spinning else "0")
-        options.log_severity_level = 3
-        providers = [CUDA_PROVIDER, CPU_PROVIDER] if self.provider == CUDA_PROVIDER else [CPU_PROVIDER]
-        path = self.bundle_dir / self.manifest.variants[self.variant].file
-        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
-        graph_inputs = {node.name for node in session.get_inputs()}
-        missing = [name for name in ("input_ids", "attention_mask") if name not in graph_inputs]
-        if missing:
-            raise ValueError(f"{path} lacks the inputs {missing}; a bundle graph takes {INPUT_NAMES}")
-        outputs = {node.name for node in session.get_outputs()}
-        absent = [name for name in self.output_names if name not in outputs]
-        if absent:
-            raise ValueError(f"{path} lacks the outputs {absent} of a {self.manifest.task} bundle")
-        self._input_names = [name for name in INPUT_NAMES if name in graph_inputs]
-        return session
+        self._runtime = open_variant(self.bundle_dir / spec.file, spec, self.output_names, self.settings)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -197,28 +116,10 @@ class OrtBackend:
         log.info("loaded %s variant %s on %s", self.manifest.name, self.variant, self.provider)
 
     def _run(self, inputs: dict[str, np.ndarray], lone: bool = False) -> dict[str, np.ndarray]:
-        feed = {name: np.ascontiguousarray(inputs[name], dtype=np.int64) for name in self._input_names}
-        if self._compiled is not None:
-            return self._run_openvino(feed, lone and self._compiled_lone is not None)
-        session = self._session
-        if session is None:
+        runtime = self._runtime
+        if runtime is None:
             raise BackendUnavailable(f"model {self.manifest.name!r} is not loaded")
-        if self.provider == CUDA_PROVIDER:
-            return self._run_io_binding(session, feed)
-        values = session.run(self.output_names, feed)
-        return dict(zip(self.output_names, values, strict=True))
-
-    def _run_io_binding(self, session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        binding = session.io_binding()
-        for name, array in feed.items():
-            binding.bind_cpu_input(name, array)
-        for name in self.output_names:
-            binding.bind_output(name, "cuda")
-        session.run_with_iobinding(binding)
-        values = binding.copy_outputs_to_cpu()
-        return {
-            name: np.asarray(value, dtype=np.float32) for name, value in zip(self.output_names, values, strict=True)
-        }
+        return runtime.run(inputs, alone=lone)
 
     async def time_call(self, inputs: dict[str, np.ndarray]) -> float:
         """Seconds one forward of `inputs` takes in the worker thread (what `--variant auto` compares)."""
@@ -245,7 +146,7 @@ class OrtBackend:
         if self._closed:
             raise BackendBroken(f"the backend of model {self.manifest.name!r} is closed")
         loop = asyncio.get_running_loop()
-        lone = alone and self._compiled_lone is not None and self._calls == 0
+        lone = alone and self._lone_copy and self._calls == 0
         self._calls += 1
         done = None
         try:
@@ -276,6 +177,6 @@ class OrtBackend:
 
     def _release(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
-        self._session = None
-        self._compiled = None
-        self._compiled_lone = None
+        if self._runtime is not None:
+            self._runtime.close()
+        self._runtime = None

@@ -13,11 +13,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bert_model.tasks.runtimes import RuntimeSettings
+
 DEFAULT_MODELS = ("minilm-sst2", "minilm-squad", "minilm-conll03", "minilm?")
 """The default task models, and the MiniLM sentence encoder (embed) when its bundle has been built."""
 DEFAULT_BUNDLES_DIR = Path("artifacts/bundles")
 
 CommaList = Annotated[list[str], NoDecode]
+RUNTIME = RuntimeSettings()
+"""The runtime settings' defaults, with which the export's guard also opens every variant."""
 
 
 class ServiceSettings(BaseSettings):
@@ -117,10 +121,14 @@ class ServiceSettings(BaseSettings):
     max_body_bytes: int = Field(default=2_000_000, ge=1024, description="Largest request body (HTTP and gRPC).")
 
     # ---- ONNX Runtime -------------------------------------------------------------------------
-    ort_intra_op_threads: int = Field(default=0, ge=0, description="Threads inside one operator (0 = ORT default).")
-    ort_inter_op_threads: int = Field(default=0, ge=0, description="Threads across operators (0 = ORT default).")
+    ort_intra_op_threads: int = Field(
+        default=RUNTIME.intra_op_threads, ge=0, description="Threads inside one operator (0 = ORT default)."
+    )
+    ort_inter_op_threads: int = Field(
+        default=RUNTIME.inter_op_threads, ge=0, description="Threads across operators (0 = ORT default)."
+    )
     ort_spinning: bool = Field(
-        default=False,
+        default=RUNTIME.spinning,
         description="Let ORT worker threads spin between operators (faster alone, slower when sharing cores "
         "with the event loop and tokenization).",
     )
@@ -130,13 +138,13 @@ class ServiceSettings(BaseSettings):
         description="Worker threads running backend calls off the loop (unset = what the backend runs at once).",
     )
     openvino_streams: int = Field(
-        default=2,
+        default=RUNTIME.openvino_streams,
         ge=1,
         description="OpenVINO variants: streams (batches computed at once, the cores split between them; 1 = the "
         "latency setting, all cores on one batch). Under load N batches run at once without waiting on each other.",
     )
     openvino_lone_latency: bool = Field(
-        default=True,
+        default=RUNTIME.openvino_lone_latency,
         description="OpenVINO variants with more than one stream: a batch with nothing beside it (no other batch "
         "running, nothing waiting) goes to a second copy of the graph compiled for latency (all cores on that batch), "
         "so a lightly loaded server answers as fast as with one stream.",

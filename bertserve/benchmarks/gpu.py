@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from bert_model.tasks.runtimes import CUDA_PROVIDER as CUDA
 from bertserve.benchmarks.report import command_line, provenance, render, write_report
 
-CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 SHAPES = tuple((batch, seq_len) for seq_len in (128, 384) for batch in (1, 16, 64))
 BASE_NAME = "bert-base-random"
@@ -91,17 +91,16 @@ def base_model_folder(folder: Path) -> Path:
 
 
 def session(path: Path, provider: str, cache_dir: Path) -> Any:
-    import onnxruntime as ort
+    """An ONNX Runtime session over the gpu-fp16 graph, opened with the service's settings, on CUDA or on TensorRT
+    (fp16 kernels, an engine cache in `cache_dir`) in front of CUDA."""
+    from bert_model.tasks.runtimes import RuntimeSettings, ort_session
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
     if provider == TENSORRT:
         trt = {"trt_fp16_enable": True, "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir)}
         providers: list[Any] = [(TENSORRT, trt), CUDA]
     else:
         providers = [CUDA]
-    return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    return ort_session(path, RuntimeSettings(), providers)
 
 
 def time_shape(sess: Any, batch: int, seq_len: int, vocab: int, warmup: int, runs: int) -> dict[str, float]:

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from bert_model.config import BertConfig
-from bert_model.hardware import FEATURE_FLAGS, read_cpu_info
+from bert_model.hardware import FEATURE_FLAGS, read_cpu_info, usable_cores
 from bertserve.benchmarks import matmul_probe
 from bertserve.benchmarks.report import Provenance, provenance, write_report
 
@@ -334,25 +334,23 @@ def transformers_model(ours: object, task: str) -> object:
 
 
 def variant_runners(bundle_dir: Path, names: list[str] | None, threads: int) -> list[Runner]:
-    from bert_model.tasks.runtimes import OPENVINO_PROVIDER, openvino_available
+    """Every variant of the bundle (or those in `names`) this process runs, on `threads` threads and one stream: one
+    call at a time, all cores on it."""
+    from bert_model.tasks.runtimes import OPENVINO_PROVIDER, RuntimeSettings, can_run, open_variant
     from bert_model.tasks.spec import BundleManifest
-    from export.runtime import openvino_runner, ort_runner
 
     manifest = BundleManifest.read(bundle_dir)
+    settings = RuntimeSettings(intra_op_threads=threads, openvino_streams=1)
     runners = []
     for name, spec in manifest.variants.items():
         if names is not None and name not in names:
             continue
-        path = bundle_dir / spec.file
-        if spec.provider == OPENVINO_PROVIDER:
-            if not openvino_available():
-                continue
-            run = openvino_runner(path, spec.runtime_options, threads)
-            label = f"{name} (OpenVINO)"
-        else:
-            run = ort_runner(path, "CPUExecutionProvider", threads)
-            label = f"{name} (ONNX Runtime CPU)"
-        runners.append(Runner(label, spec.precision, run))
+        if spec.provider == OPENVINO_PROVIDER and not can_run(spec.provider):
+            continue
+        opened = open_variant(bundle_dir / spec.file, spec, manifest.output_names, settings)
+        on = opened.provider.removesuffix("ExecutionProvider")
+        runtime = "OpenVINO" if spec.provider == OPENVINO_PROVIDER else f"ONNX Runtime {on}"
+        runners.append(Runner(f"{name} ({runtime})", spec.precision, opened.run))
     return runners
 
 
@@ -396,13 +394,12 @@ def run_benchmark(
     """Benchmark a bundle against its source PyTorch model; writes bench-model.json and .md into `out_dir`
     (`command`: the command line the report names)."""
     from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
-    from export.runtime import cpu_threads
 
     manifest = BundleManifest.read(bundle_dir)
     folder = Path(manifest.source.get("model", ""))
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"bundle {bundle_dir} names source model {folder}, which is not a model folder")
-    threads = cpu_threads()
+    threads = usable_cores()
     config = BertConfig.load(folder)
     runners = torch_runners(folder, manifest.task, threads) + variant_runners(bundle_dir, variants, threads)
     peak = cpu_peak(cores=threads)

@@ -23,12 +23,11 @@ from bert_model.registry import minilm_path
 from bert_model.tasks.classification import build_classification_features
 from bert_model.tasks.features import collate
 from bert_model.tasks.fill_mask import build_fill_mask_features, fill_mask_postprocess, target_ids
-from bert_model.tasks.runtimes import openvino_available
+from bert_model.tasks.runtimes import open_variant, openvino_available
 from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
 from bert_model.tasks.variant_choice import choose_variant
 from bert_model.tokenization import BertTokenizer
 from export.bundle import build_bundle
-from export.runtime import openvino_runner, ort_runner
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +49,7 @@ def bundle_vectors(bundle: Path, variant: str, texts: list[str]) -> np.ndarray:
     features = build_classification_features(tokenizer, texts, max_seq_length=manifest.max_seq_length)
     spec = manifest.variants[variant]
     path = bundle / spec.file
-    run = openvino_runner(path, spec.runtime_options) if spec.provider == "OpenVINO" else ort_runner(path)
+    run = open_variant(path, spec, manifest.output_names).run
     vectors = []
     for start in range(0, len(features), 32):
         feed = collate(features[start : start + 32], tokenizer.pad_id)

@@ -8,11 +8,10 @@ import numpy as np
 import onnx
 import pytest
 
-from bert_model.tasks.runtimes import OPENVINO_PROVIDER
+from bert_model.tasks.runtimes import OPENVINO_PROVIDER, open_variant
 from bert_model.tasks.spec import OUTPUT_NAMES, BundleManifest
 from export.bundle import build_bundle
 from export.parity import AccuracyGuardError
-from export.runtime import openvino_runner
 from export.static_quant import MIN_CALIBRATION_SIZE, TooFewCalibrationExamples, calibration_samples
 from export.variants import RECIPES
 
@@ -69,7 +68,7 @@ def test_written_graph_is_int8_qdq_runs_and_matches_its_manifest(
     graph = onnx.load(str(tmp_path / "b" / spec.file))
     ops = [node.op_type for node in graph.graph.node]
     assert ops.count("QuantizeLinear") >= 4  # activations are quantized, not only weights
-    run = openvino_runner(tmp_path / "b" / spec.file, spec.runtime_options)
+    run = open_variant(tmp_path / "b" / spec.file, spec, OUTPUT_NAMES["classify"]).run
     feed = _batch([6, 4], 6)
     feed["input_ids"][:, 0] = 2
     outputs = run(feed)

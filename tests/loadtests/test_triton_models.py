@@ -47,7 +47,7 @@ def test_instances_share_a_graph_with_streams_and_answer_alike(openvino_bundle: 
     single = Runner(openvino_bundle, manifest, streams=1)
     double = Runner(openvino_bundle, manifest, streams=2)
     assert single.variant == double.variant == "openvino-bf16"
-    assert int(double._compiled.get_property("NUM_STREAMS")) == 2
+    assert int(double.opened.compiled.get_property("NUM_STREAMS")) == 2  # type: ignore[attr-defined]
     expected = [single.run(feed) for feed in feeds]
     with ThreadPoolExecutor(2) as pool:  # two instances calling at once
         answers = list(pool.map(double.run, feeds * 3))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bert_model.tasks.features import Feature
+from bert_model.tasks.runtimes import OpenVinoVariant
 from bert_model.tasks.spec import BundleManifest
 from bert_model.tasks.variant_choice import choose_variant
 from service.ort_backend import OrtBackend
@@ -69,7 +70,8 @@ def test_openvino_streams_give_the_same_answers(tiny_bundles: dict[str, Path], t
         await backend.start()
         try:
             answers = await asyncio.gather(*(backend.infer(feed) for feed in feeds))
-            return int(backend._compiled.get_property("NUM_STREAMS")), answers
+            assert isinstance(backend._runtime, OpenVinoVariant)
+            return int(backend._runtime.compiled.get_property("NUM_STREAMS")), answers
         finally:
             await backend.close()
 
@@ -110,9 +112,11 @@ def test_a_lone_batch_runs_on_the_latency_copy_and_others_on_streams(
             answers += await asyncio.gather(backend.infer(feeds[0]), backend.infer_alone(feeds[1]))
             counts.append(backend.lone_calls)  # still 2: a stream call was in flight
             assert backend._calls == 0 and backend._lone_done is None
-            counts.append(int(backend._compiled.get_property("NUM_STREAMS")))
-            if backend._compiled_lone is not None:
-                counts.append(int(backend._compiled_lone.get_property("NUM_STREAMS")))
+            runtime = backend._runtime
+            assert isinstance(runtime, OpenVinoVariant)
+            counts.append(int(runtime.compiled.get_property("NUM_STREAMS")))
+            if runtime.compiled_lone is not None:
+                counts.append(int(runtime.compiled_lone.get_property("NUM_STREAMS")))
             return counts, answers
         finally:
             await backend.close()

@@ -131,11 +131,11 @@ def _grpc_answers(channel: grpc.Channel, examples: list[SquadExample]) -> dict[s
 
 def variant_answers(manifest: BundleManifest, variant: str, examples: list[SquadExample], windows: Windows) -> dict:
     """{question id: answer text} of one bundle variant run offline (no server) with the given windows."""
-    from export.runtime import openvino_runner, ort_runner
+    from bert_model.tasks.runtimes import open_variant
 
     spec = manifest.variants[variant]
     path = BUNDLE / spec.file
-    run = openvino_runner(path, spec.runtime_options) if spec.provider == "OpenVINO" else ort_runner(path)
+    run = open_variant(path, spec, manifest.output_names).run
     tokenizer = BertTokenizer.from_pretrained(BUNDLE / TOKENIZER_DIR)
     features = build_qa_features(
         tokenizer,
