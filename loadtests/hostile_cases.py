@@ -1,8 +1,8 @@
 """What the hostile profile sends: distinct-value sweeps of every numeric request option, maximum-size legal
 requests, small /classify requests, and malformed requests (bodies, HTTP, protobuf).
 
-The numeric options are those of the REST bodies (service/schemas.py, service/encoder_schemas.py), the gRPC
-messages (proto/bert/v1/bert.proto) and the caller's deadline (`x-request-timeout-ms`, gRPC timeouts):
+The numeric options are those of the REST bodies (service/http_api/schemas.py, service/http_api/encoder_schemas.py),
+the gRPC messages (proto/bert/v1/bert.proto) and the caller's deadline (`x-request-timeout-ms`, gRPC timeouts):
 `/classify top_k`, `/qa doc_stride top_k max_answer_len`, `/embed` and `/v1/embeddings dimensions`, `/fill-mask
 top_k`, and their gRPC fields. Each sweep sends `count` consecutive values from the option's smallest, legal or
 not (values past a bound must be refused as cheaply as legal ones are served); unknown model names, distinct

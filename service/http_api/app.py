@@ -37,10 +37,7 @@ from service.http_api.middleware import (
 )
 from service.http_api.openapi import describe_server
 from service.http_api.playground import add_playground_routes
-from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
-from service.metrics import CONTENT_TYPE, ServiceMetrics
-from service.pipelines import ClassifyInput, NERInput, QAInput
-from service.schemas import (
+from service.http_api.schemas import (
     Answer,
     ClassifyRequest,
     Entity,
@@ -52,6 +49,9 @@ from service.schemas import (
     QARequest,
     TextPair,
 )
+from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
+from service.metrics import CONTENT_TYPE, ServiceMetrics
+from service.pipelines import ClassifyInput, NERInput, QAInput
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """REST routes of the encoder tasks: `POST /embed` (text-embeddings-inference), `POST /v1/embeddings` (OpenAI)
-and `POST /fill-mask` (Hugging Face's fill-mask pipeline); bodies in `service.encoder_schemas`.
+and `POST /fill-mask` (Hugging Face's fill-mask pipeline); bodies in `service.http_api.encoder_schemas`.
 
 Like the task routes, each builds a task input, calls the one `InferenceService` (batcher, limits, errors,
 metrics), and sends the timing headers; their errors are the service's (`{"error": {code, message}}`), not
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, FastAPI, Request, Response
 
-from service.encoder_schemas import (
+from service.http_api.encoder_schemas import (
     EmbedRequest,
     FillMaskRequest,
     FillMaskResult,

@@ -52,9 +52,9 @@ def with_limits(schema: dict[str, Any], settings: ServiceSettings) -> dict[str, 
     """A copy of `schema` whose input lists and texts carry the per-request limits of `settings`."""
     schema = copy.deepcopy(schema)
     for node in _nodes(schema.get("components", {}).get("schemas", {})):
-        if node.get("minItems") == 1:  # the lists of inputs (service.schemas.AT_LEAST_ONE)
+        if node.get("minItems") == 1:  # the lists of inputs (service.http_api.schemas.AT_LEAST_ONE)
             node["maxItems"] = settings.max_inputs_per_request
-        if node.get("type") == "string" and "pattern" in node:  # the texts (service.schemas.Text)
+        if node.get("type") == "string" and "pattern" in node:  # the texts (service.http_api.schemas.Text)
             node["maxLength"] = settings.max_text_chars
     return schema
 

@@ -10,7 +10,7 @@
   `{object: list, data: [{object: embedding, embedding, index}], model, usage}` with our tokenizer's counts.
 - `POST /fill-mask` speaks Hugging Face's fill-mask pipeline: `inputs` with one or more mask tokens,
   `top_k`, `targets`.
-The texts, `model` and `truncate` fields are the task routes' (`service.schemas`), with the same checks.
+The texts, `model` and `truncate` fields are the task routes' (`service.http_api.schemas`), with the same checks.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from service.http_api.schemas import AT_LEAST_ONE, TRUNCATE_FIELD, Text, _Body, _model_field
 from service.pipelines import FillMaskInput
-from service.schemas import AT_LEAST_ONE, TRUNCATE_FIELD, Text, _Body, _model_field
 
 EMBED_MODEL_EXAMPLE = "minilm"
 DIMENSIONS_FIELD = Field(
