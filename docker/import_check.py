@@ -33,7 +33,7 @@ def unimportable(image: str) -> tuple[str, ...]:
 
 
 SKIPPED = {
-    "loadtests.naive_server": "the naive peer serves through transformers and torch on the host only",
+    "loadtests.peers.naive_server": "the naive peer serves through transformers and torch on the host only",
 }
 
 ENTRYPOINTS = {

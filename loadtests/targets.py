@@ -1,5 +1,5 @@
 """The servers a run sends load to: our service (started with `bertserve serve`, batching on or off), the naive
-peer (`python -m loadtests.naive_server`), the triton peer (`python -m loadtests.triton_peer`, which starts
+peer (`python -m loadtests.peers.naive_server`), the triton peer (`python -m loadtests.peers.triton_peer`, which starts
 Triton in its own venv), or a service already running at `--host` / `--grpc-host`.
 
 Servers started here listen on 127.0.0.1 on free ports, log to the run folder, and are stopped with SIGTERM
@@ -69,7 +69,7 @@ def ours_command(
     return [*command, *extra], f"http://{LOOPBACK}:{http_port}", f"{LOOPBACK}:{grpc_port}"
 
 
-PEER_MODULES = {"naive": "loadtests.naive_server", "triton": "loadtests.triton_peer"}
+PEER_MODULES = {"naive": "loadtests.peers.naive_server", "triton": "loadtests.peers.triton_peer"}
 
 
 def peer_command(peer: str, models: dict[str, str]) -> tuple[list[str], str]:

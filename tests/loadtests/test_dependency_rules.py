@@ -23,8 +23,10 @@ def _imported_modules(path: Path) -> set[str]:
 
 def test_no_module_imports_the_service() -> None:
     offenders = {
-        path.name: sorted(name for name in _imported_modules(path) if name.split(".")[0] in ("service", "export"))
-        for path in LOADTESTS.glob("*.py")
+        str(path.relative_to(LOADTESTS)): sorted(
+            name for name in _imported_modules(path) if name.split(".")[0] in ("service", "export")
+        )
+        for path in LOADTESTS.rglob("*.py")
     }
     assert not {name: found for name, found in offenders.items() if found}
 

@@ -109,7 +109,7 @@ def test_peers_and_skipped_peers(tmp_path: Path, tiny: tuple[Path, Path], monkey
     assert [t.label for t in plan.targets] == ["naive", "triton", "ours-no-batching", "ours-batching"]
     triton = plan.targets[1]
     assert triton.mix == {"/classify": 2}  # the peers answer REST only: the gRPC share goes to its REST path
-    assert triton.command[1:3] == ["-m", "loadtests.triton_peer"]
+    assert triton.command[1:3] == ["-m", "loadtests.peers.triton_peer"]
     assert f"classify={bundle.resolve()}" in triton.command  # the very bundles ours serves
     assert plan.skipped == {}
 

@@ -1,7 +1,7 @@
 """The smoke profile end to end, as CI runs it: real servers, real locust, every output file checked.
 
 One run with the peers (naive FastAPI + transformers, ours without and with batching; the triton peer has its
-own test, test_triton_peer.py) on a tiny classifier,
+own test, peers/test_triton_peer.py) on a tiny classifier,
 REST /classify with SST-2 sentences (or the built-in sample without ../shared/data); then a run over gRPC and
 REST compared with a named baseline that is far better, which must report a regression and exit 3.
 """

@@ -3,9 +3,9 @@
 What an experienced engineer would build instead of bertserve: the same exported graph served by Triton, with
 Triton's dynamic batcher gathering requests, and tokenization plus post-processing in Triton's Python binding.
 Runs in the Triton venv (`make triton-venv`: nvidia-pytriton bundles Triton 2.51 and needs numpy<2), with the
-repository on PYTHONPATH; `loadtests/triton_peer.py` starts it and puts the REST paths in front of it:
+repository on PYTHONPATH; `loadtests/peers/triton_peer.py` starts it and puts the REST paths in front of it:
 
-    .venv-triton/bin/python -m loadtests.triton_models --model classify=BUNDLE [--model qa=BUNDLE ...] \
+    .venv-triton/bin/python -m loadtests.peers.triton_models --model classify=BUNDLE [--model qa=BUNDLE ...] \
         --grpc-port P --http-port P --metrics-port P [--max-batch-size 8] [--max-queue-delay-us 0] [--instances 2]
 
 Each task is one Triton model (named after the task), bound through pytriton: inputs `request` (BYTES: the
@@ -14,7 +14,7 @@ status), `body` (BYTES: the JSON answer) and `inference_ms` (FP32: the model cal
 Triton's dynamic batcher hands the bound function up to `--max-batch-size` requests; it turns each into
 features with the project's task code (`bert_model.tasks`: the `tokenizers` windows and the post-processing the
 service runs, with the windows and defaults the service takes from the manifest; the load tests talk to the
-service only over the wire, so nothing of `service` is imported, and tests/loadtests/test_triton_peer.py checks
+service only over the wire, so nothing of `service` is imported, and tests/loadtests/peers/test_triton_peer.py checks
 that the answers equal a running service's), sorts the features of the whole batch by length and runs them in
 calls of at most `--max-batch-size` rows padded to the longest, on the variant the service would choose on this
 CPU (`bert_model.tasks.variant_choice`), compiled with the service's settings. `--instances N` binds N functions

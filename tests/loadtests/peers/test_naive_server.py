@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtests.naive_server import _plain, hf_checkpoint, main
+from loadtests.peers.naive_server import _plain, hf_checkpoint, main
 
 
 def test_numpy_scalars_become_json_numbers() -> None:
@@ -57,7 +57,7 @@ def test_naive_qa_answers_from_the_context_over_rest(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="the naive peer runs PyTorch")
     from fastapi.testclient import TestClient
 
-    from loadtests.naive_server import NaiveQA, create_app
+    from loadtests.peers.naive_server import NaiveQA, create_app
     from tests.loadtests.tiny_models import build_tiny_qa_checkpoint
 
     checkpoint = build_tiny_qa_checkpoint(tmp_path)
@@ -85,7 +85,7 @@ def test_naive_embed_equals_sentence_transformers_over_rest(tmp_path: Path) -> N
     from fastapi.testclient import TestClient
 
     from bert_model.registry import resolve_model_path
-    from loadtests.naive_server import create_app
+    from loadtests.peers.naive_server import create_app
 
     folder = resolve_model_path("minilm")
     texts = ["A man is playing a guitar.", "The new movie is awesome, really."]

@@ -1,6 +1,6 @@
 """The load tests' `triton` peer against a real Triton server (nvidia-pytriton, in the Triton venv).
 
-The peer (`python -m loadtests.triton_peer`) serves the same tiny bundles as a real `bertserve serve`: its
+The peer (`python -m loadtests.peers.triton_peer`) serves the same tiny bundles as a real `bertserve serve`: its
 answers on every REST path must equal ours (it runs the same pipeline code on the same variant), also when
 Triton's dynamic batcher puts many requests in one call; bad bodies get a 4xx and the peer keeps serving;
 SIGTERM stops Triton and every process it started. Skipped, with the reason, without the Triton venv.
@@ -56,7 +56,7 @@ def ours(bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="module")
 def peer(bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen]]:
     port = free_port()
-    command = [sys.executable, "-m", "loadtests.triton_peer", "--port", str(port)]
+    command = [sys.executable, "-m", "loadtests.peers.triton_peer", "--port", str(port)]
     command += [f"--model={task}={folder}" for task, folder in bundles.items()]
     log = tmp_path_factory.mktemp("peer") / "peer.log"
     with open(log, "w") as sink:

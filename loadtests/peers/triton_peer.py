@@ -1,14 +1,14 @@
 """The `triton` peer of the load tests: a real Triton server's dynamic batcher behind the service's REST paths.
 
 Two parts, as one would deploy Triton behind an API: this process (FastAPI in the project's venv) starts
-`loadtests.triton_models` in the Triton venv (Triton itself and the bound Python functions that tokenize, run
+`loadtests.peers.triton_models` in the Triton venv (Triton itself and the bound Python functions that tokenize, run
 the bundle's default variant and post-process), waits until Triton reports every model ready, then forwards
 every POST /classify, /qa, /ner, /embed and /v1/embeddings as one Triton inference request (tritonclient's
 asyncio gRPC client): the JSON body goes in as it came, the status and JSON answer come back as they are.
 `x-inference-time-ms` carries the bound function's model-call time of the batch the request was in. GET /health
 answers 200 once Triton serves. Stopping this process stops Triton. For comparison only: not part of the product.
 
-    python -m loadtests.triton_peer --port 8200 --model classify=artifacts/bundles/minilm-sst2 \
+    python -m loadtests.peers.triton_peer --port 8200 --model classify=artifacts/bundles/minilm-sst2 \
         [--triton-python .venv-triton/bin/python] [--max-batch-size 8] [--max-queue-delay-us 0]
 """
 
@@ -55,7 +55,7 @@ def _stop_with_parent() -> None:
 
 
 class TritonProcess:
-    """`loadtests.triton_models` in the Triton venv: started, polled until Triton says every model is ready,
+    """`loadtests.peers.triton_models` in the Triton venv: started, polled until Triton says every model is ready,
     stopped with its process group. Its output goes to ours (the runner's server log)."""
 
     def __init__(
@@ -63,7 +63,7 @@ class TritonProcess:
     ) -> None:
         self.grpc_port = _free_port()
         self.models = list(models)
-        self.command = [str(python), "-m", "loadtests.triton_models", "--grpc-port", str(self.grpc_port)]
+        self.command = [str(python), "-m", "loadtests.peers.triton_models", "--grpc-port", str(self.grpc_port)]
         self.command += ["--http-port", str(_free_port()), "--metrics-port", str(_free_port())]
         self.command += ["--max-batch-size", str(max_batch_size), "--max-queue-delay-us", str(delay_us)]
         self.command += ["--instances", str(instances)]

@@ -37,7 +37,7 @@ PIPELINE_TASKS = {"classify": "text-classification", "ner": "token-classificatio
 TASKS = ("classify", "qa", "ner", "embed")
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 FULL_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-DEFAULT_CACHE = Path(__file__).resolve().parents[1] / "artifacts" / "peer"
+DEFAULT_CACHE = Path(__file__).resolve().parents[2] / "artifacts" / "peer"
 SOURCE_FILE = "source.json"
 
 

@@ -1,4 +1,4 @@
-"""The triton peer's model runner (`loadtests.triton_models.Runner`) in this venv, without Triton: with streams,
+"""The triton peer's model runner (`loadtests.peers.triton_models.Runner`) in this venv, without Triton: with streams,
 each calling thread (a Triton model instance) has its own infer request on the shared compiled graph, and the
 answers equal the one-stream answers."""
 
@@ -36,7 +36,7 @@ def openvino_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_instances_share_a_graph_with_streams_and_answer_alike(openvino_bundle: Path) -> None:
-    from loadtests.triton_models import Runner
+    from loadtests.peers.triton_models import Runner
 
     manifest = BundleManifest.read(openvino_bundle)
     rng = np.random.default_rng(3)

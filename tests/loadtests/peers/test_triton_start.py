@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.triton_peer import START_ATTEMPTS, TritonProcess
+from loadtests.peers.triton_peer import START_ATTEMPTS, TritonProcess
 
 
 def _failing_python(tmp_path: Path, status: int) -> tuple[Path, Path]:
