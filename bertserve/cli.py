@@ -35,7 +35,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bertserve.benchmarks.cli",
     "service.cli",
     "loadtests.cli",
-    "loadtests.retrieval_eval",
 )
 
 

@@ -29,7 +29,7 @@ big requests, 504 for a deadline that passed), and a normal answer within `recov
 The limits are the server's: max_inputs_per_request and max_text_chars as its OpenAPI schema states them (else
 `--hostile`'s), max_body_bytes and max_queue as `--hostile` says (the wire does not tell them; the defaults are
 `bertserve serve`'s), and the queue's size as the server's refusal states it.
-Everything goes to loopback only (`loadtests.safety`), bounded in count (the phase sizes) and time (each call's
+Everything goes to loopback only (`bert_model.loopback`), bounded in count (the phase sizes) and time (each call's
 client timeout, `distinct_limit_s`, the slow clients' limit). Reports like the locust profiles: summary.json with
 the small requests' figures per phase as endpoints, report.md, latency.png, rss.png, the history.
 """

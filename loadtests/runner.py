@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
+from bert_model.loopback import check_grpc_target, check_http_url
 from loadtests import endpoints as ep
 from loadtests.history import (
     append_history,
@@ -40,7 +41,6 @@ from loadtests.payloads import DEFAULT_LIMIT, Payloads, load_payloads
 from loadtests.plot import plot_run
 from loadtests.profiles import Profile, get_profile
 from loadtests.report import peer_rows, render_report
-from loadtests.safety import check_grpc_target, check_http_url
 from loadtests.samples import WORKER_ENV, Sample, read_samples, worker_path, write_samples
 from loadtests.summary import ALL, stage_figures, summarize
 from loadtests.targets import (

@@ -1,4 +1,5 @@
-"""`bertserve finetune {classify,qa,ner}` and `bertserve evaluate`: thin typer wrappers over `run`.
+"""`bertserve finetune {classify,qa,ner}`, `bertserve evaluate` and `bertserve retrieval-eval`: thin typer wrappers
+over `run` and `retrieval_eval`.
 
 The three finetune commands are generated, not written out: each takes the run's data and model options
 (`RUN_OPTIONS`), every field of `TrainingOptions` that carries command-line metadata (`options.cli`: help text and
@@ -16,6 +17,7 @@ import json
 import sys
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -139,6 +141,7 @@ def register(app: typer.Typer) -> None:
         finetune_app.command(task)(finetune_command(task))
     app.add_typer(finetune_app, name="finetune")
     app.command("evaluate")(evaluate)
+    app.command("retrieval-eval")(retrieval_eval)
 
 
 def finetune_command(task: str) -> Callable[..., None]:
@@ -221,3 +224,36 @@ def evaluate(
             label_map=_pairs(label_map),
         )
     typer.echo(json.dumps(result))
+
+
+def retrieval_eval(
+    squad: Annotated[Path, typer.Option(help="SQuAD JSON: every question against every paragraph of the file.")],
+    host: Annotated[
+        str | None, typer.Option(help="REST URL of a running service (loopback only) whose /embed is scored.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="The served embed model. [the service's default]")] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(help="Also score sentence-transformers on this checkpoint folder or built-in name (minilm)."),
+    ] = None,
+    max_paragraphs: Annotated[
+        int | None, typer.Option(help="Only the first N paragraphs and their questions. [all]")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Texts per /embed request and per sentence-transformers batch.")] = 16,
+    api_key: Annotated[str | None, typer.Option(help="Bearer key of the service, if it needs one.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the results as one JSON file.")] = None,
+) -> None:
+    """Question -> paragraph retrieval (recall@1, @5, MRR) through the service and/or sentence-transformers."""
+    from bert_model.finetuning.retrieval_eval import run_retrieval_eval
+
+    run_retrieval_eval(
+        squad,
+        host=host,
+        model=model,
+        reference=reference,
+        max_paragraphs=max_paragraphs,
+        batch_size=batch_size,
+        api_key=api_key,
+        out=out,
+        echo=typer.echo,
+    )

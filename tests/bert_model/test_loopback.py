@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.safety import check_grpc_target, check_http_url, is_loopback_host
+from bert_model.loopback import check_grpc_target, check_http_url, is_loopback_host
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "localhost", "LOCALHOST", "::1", "[::1]"])

@@ -1,10 +1,11 @@
 """`bertserve retrieval-eval`: question -> paragraph retrieval on SQuAD through the running service's `/embed`
 and through sentence-transformers, scored with `bert_model.tasks.retrieval` (recall@k over a cosine ranking).
 
-The service side talks only over the wire (HTTP, loopback only, like the load tests); the reference side loads
-sentence-transformers (a test-only dependency, imported inside the function) on the same checkpoint folder the
-bundle was exported from. Both embed the same texts with the same truncation (the model's own length, 256 tokens
-for all-MiniLM-L6-v2), so the difference between their recall@k is what the bundle's variant costs.
+The service side talks only over the wire (HTTP, to this machine only: `bert_model.loopback`); the reference side
+loads sentence-transformers (a test-only dependency, imported inside the function) on the same checkpoint folder
+the bundle was exported from. Both embed the same texts with the same truncation (the model's own length, 256
+tokens for all-MiniLM-L6-v2), so the difference between their recall@k is what the bundle's variant costs. The
+command is a thin wrapper in `bert_model.finetuning.cli`, beside `bertserve evaluate`.
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-import typer
 
 from bert_model.cli_errors import exit_on_user_error
+from bert_model.loopback import check_http_url
 from bert_model.tasks.retrieval import RetrievalSet, recall_at_k, squad_retrieval_set
-from loadtests.safety import check_http_url
 
 Embed = Callable[[list[str]], np.ndarray]
 DEFAULT_KS = (1, 5)
@@ -87,28 +87,20 @@ def evaluate(embed: Embed, retrieval_set: RetrievalSet, ks: Sequence[int] = DEFA
     return metrics
 
 
-def register(app: typer.Typer) -> None:
-    app.command("retrieval-eval")(retrieval_eval)
-
-
-def retrieval_eval(
-    squad: Annotated[Path, typer.Option(help="SQuAD JSON: every question against every paragraph of the file.")],
-    host: Annotated[
-        str | None, typer.Option(help="REST URL of a running service (loopback only) whose /embed is scored.")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="The served embed model. [the service's default]")] = None,
-    reference: Annotated[
-        str | None,
-        typer.Option(help="Also score sentence-transformers on this checkpoint folder or built-in name (minilm)."),
-    ] = None,
-    max_paragraphs: Annotated[
-        int | None, typer.Option(help="Only the first N paragraphs and their questions. [all]")
-    ] = None,
-    batch_size: Annotated[int, typer.Option(help="Texts per /embed request and per sentence-transformers batch.")] = 16,
-    api_key: Annotated[str | None, typer.Option(help="Bearer key of the service, if it needs one.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Also write the results as one JSON file.")] = None,
-) -> None:
-    """Question -> paragraph retrieval (recall@1, @5, MRR) through the service and/or sentence-transformers."""
+def run_retrieval_eval(
+    squad: Path,
+    *,
+    host: str | None,
+    model: str | None,
+    reference: str | None,
+    max_paragraphs: int | None,
+    batch_size: int,
+    api_key: str | None,
+    out: Path | None,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Score the service at `host` and / or sentence-transformers on `reference`; `echo` each side's JSON line.
+    Input errors exit with a one-line message (`exit_on_user_error`) before any work."""
     from bert_model.tasks.readers import read_squad
 
     with exit_on_user_error():
@@ -122,17 +114,18 @@ def retrieval_eval(
             **served_model(url, model, api_key),
             **evaluate(embed_over_http(url, model=model, batch_size=batch_size, api_key=api_key), retrieval_set),
         }
-        typer.echo(json.dumps({"service": results["service"]}))
+        echo(json.dumps({"service": results["service"]}))
     if reference is not None:
         reference_embed = embed_with_sentence_transformers(reference, batch_size=batch_size)
         results["sentence-transformers"] = {"model": reference, **evaluate(reference_embed, retrieval_set)}
-        typer.echo(json.dumps({"sentence-transformers": results["sentence-transformers"]}))
+        echo(json.dumps({"sentence-transformers": results["sentence-transformers"]}))
     if "service" in results and "sentence-transformers" in results:
         results["difference_points"] = {
             f"recall@{k}": round(results["service"][f"recall@{k}"] - results["sentence-transformers"][f"recall@{k}"], 3)
             for k in DEFAULT_KS
         }
-        typer.echo(json.dumps({"difference_points": results["difference_points"]}))
+        echo(json.dumps({"difference_points": results["difference_points"]}))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=2) + "\n")
+    return results

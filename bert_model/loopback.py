@@ -1,4 +1,6 @@
-"""Where load may go: only to this machine (127.0.0.0/8, `localhost`, ::1). Checked before anything is sent.
+"""Where this project's clients send requests: only to this machine (127.0.0.0/8, `localhost`, ::1), checked before
+anything is sent. The load tests (`loadtests`) and the retrieval evaluation (`bert_model.finetuning.retrieval_eval`)
+take their targets through these checks.
 
 Host names other than `localhost` are refused rather than resolved, so that no name (or DNS answer) can
 point load at another machine. In docker compose the `locust` service shares the `api` container's network

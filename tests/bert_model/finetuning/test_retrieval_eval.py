@@ -10,10 +10,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from bert_model.finetuning.retrieval_eval import (
+    embed_over_http,
+    embed_with_sentence_transformers,
+    evaluate,
+    served_model,
+)
 from bert_model.tasks.readers import read_squad
 from bert_model.tasks.retrieval import RetrievalSet, squad_retrieval_set
 from bertserve.cli import build_app
-from loadtests.retrieval_eval import embed_over_http, embed_with_sentence_transformers, evaluate, served_model
 from tests.service.server import REPO, ServerProcess
 
 SQUAD = Path("squad_v1.1") / "dev-v1.1.half-a.json"
