@@ -19,26 +19,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from bert_model.tasks.features import Feature
+from bert_model.tasks.ner import AGGREGATION_STRATEGIES
 from service.admission import BoundedExecutor, Door, QueueReservations
 from service.backend import Backend
 from service.batcher import BatchConfig, Batcher, LongBatchGate
 from service.bundles import ServingBundle, find_bundles, open_bundle
 from service.errors import BackendUnavailable, InvalidInput, NotReady, Overloaded, ServiceError, UnknownModel
 from service.metrics import ServiceMetrics
-from service.pipelines import (
-    AGGREGATION_STRATEGIES,
-    ClassifyInput,
-    EmbedInput,
-    Feature,
-    FillMaskInput,
-    FillMaskPipeline,
-    NERInput,
-    Pipeline,
-    QAInput,
-    TaskInput,
-    make_pipeline,
-)
+from service.pipelines import FillMaskPipeline, Pipeline, make_pipeline
 from service.settings import ServiceSettings
+from service.task_inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, TaskInput
 from service.tracing import Tracer
 from service.variant_timing import VariantChoice
 

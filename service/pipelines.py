@@ -7,10 +7,7 @@ start, end}]`, fill-mask -> per mask `[{score, token, token_str, sequence}]`; em
 (the vector, and the tokens read, which OpenAI's `usage` counts).
 Errors of the task layer caused by the input (ValueError / TypeError) become `InvalidInput`.
 
-Windows: QA and NER use the model's own settings from the manifest's `task_settings` (the ones it was
-fine-tuned and `bertserve evaluate`d with, e.g. 256-token QA windows, doc_stride 128), capped by the graph's
-`max_seq_length`; a bundle without them (written before they existed) gets windows of the graph's length
-with this module's defaults. Per-request fields (`doc_stride`, `max_answer_len`) still override.
+The requests are `service.task_inputs`; QA and NER windows follow the model's own settings (`service.task_windows`).
 Classification scores follow the model's `problem_type` (manifest `task_settings`) as Hugging Face's pipeline
 does: softmax for single-label heads, sigmoids for multi-label ones (and a single output), the raw values of a
 regression head; a request's `function_to_apply` overrides.
@@ -18,7 +15,7 @@ regression head; a request's `function_to_apply` overrides.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -42,85 +39,14 @@ from bert_model.tasks.fill_mask import (
 )
 from bert_model.tasks.ner import NERInputs, encode_ner_texts, ner_postprocess, ner_window_features
 from bert_model.tasks.qa import QAInputs, encode_qa_inputs, qa_postprocess, qa_window_features
-from bert_model.tasks.windows import fit_ner_window, fit_qa_window
 from bert_model.tokenization import InputTooLongError
 from service.bundles import ServingBundle
 from service.errors import BackendError, InputTooLong, InvalidInput
-
-AGGREGATION_STRATEGIES = ("none", "simple", "first", "average", "max")
-QA_MAX_QUESTION_TOKENS = 64
-QA_DEFAULT_STRIDE = 128
-QA_DEFAULT_MAX_ANSWER_LEN = 15
-NER_DEFAULT_STRIDE = 32
-
+from service.task_inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
+from service.task_windows import ner_windows, qa_windows
 
 WARMUP_TEXTS: tuple[str, ...] = ("warm up the model", "a second, somewhat longer warm-up sentence " * 4)
 """What the single-text pipelines run at load: a short and a longer text, two sequence lengths."""
-
-# The task inputs both front doors build. Their defaults are the API's defaults (the REST schemas read them,
-# gRPC leaves unset fields to them). `truncate` None means the server's default: InferenceService fills in
-# `settings.truncate` before a pipeline sees it (a pipeline used on its own truncates).
-
-
-@dataclass
-class ClassifyInput:
-    texts: list[str]
-    pairs: list[str] | None = None
-    top_k: int | None = 1
-    """Labels per input (None = all)."""
-    truncate: bool | None = None
-    function_to_apply: ScoreFunction | None = None
-    """softmax, sigmoid or none (the raw logits); None = the model's default (`default_score_function`)."""
-
-    @classmethod
-    def from_items(cls, items: Sequence[tuple[str, str | None]], **options: Any) -> ClassifyInput:
-        """From (text, text_pair or None) items, all single texts or all pairs; `options` are the other fields."""
-        paired = [pair is not None for _, pair in items]
-        if any(paired) and not all(paired):
-            raise InvalidInput("inputs mix single texts and text pairs; send one kind per request")
-        pairs = [pair or "" for _, pair in items] if any(paired) else None
-        return cls(texts=[text for text, _ in items], pairs=pairs, **options)
-
-
-@dataclass
-class QAInput:
-    questions: list[str]
-    contexts: list[str]
-    top_k: int = 1
-    max_answer_len: int | None = None
-    """None: the model's (manifest task_settings), else QA_DEFAULT_MAX_ANSWER_LEN."""
-    handle_impossible_answer: bool = False
-    doc_stride: int | None = None
-    truncate: bool | None = None
-
-
-@dataclass
-class NERInput:
-    texts: list[str]
-    aggregation_strategy: str = "simple"
-    truncate: bool | None = None
-
-
-@dataclass
-class EmbedInput:
-    texts: list[str]
-    normalize: bool | None = None
-    """L2-normalize the vectors; None = the model's setting (manifest task_settings `normalize`, else true)."""
-    dimensions: int | None = None
-    """Keep the first `dimensions` components and renormalize (OpenAI's `dimensions`); None = all."""
-    truncate: bool | None = None
-
-
-@dataclass
-class FillMaskInput:
-    texts: list[str]
-    top_k: int = 5
-    targets: list[str] | None = None
-    """Score only these tokens (each one vocabulary entry); None = the whole vocabulary."""
-    truncate: bool | None = None
-
-
-TaskInput = ClassifyInput | QAInput | NERInput | EmbedInput | FillMaskInput
 
 FILL_MASK_MAX_FILLS = 1000
 """Most fills one fill-mask request may ask for (its masks, over all its texts, x top_k or the targets if fewer),
@@ -130,76 +56,6 @@ FILL_MASK_OUTPUT_BYTES = 256 * 1024 * 1024
 """Largest (B, M, V) float32 `mask_logits` output of one fill-mask batch (M = its most masks in one row). A row
 may be all masks, so M can reach the padded length: the cap bounds a batch's padded tokens (about 2,200 with a
 30,522-token vocabulary). One mask per row, a batch of 8 x 128 tokens puts 8 x 30,522 floats out (977 KB)."""
-
-
-@dataclass(frozen=True)
-class QAWindows:
-    """How a QA pipeline windows and decodes: the model's settings fitted to the graph, or the defaults."""
-
-    max_seq_length: int
-    doc_stride: int
-    max_query_length: int
-    max_answer_length: int
-    null_threshold: float
-    """Threshold of the empty answer when a request sets handle_impossible_answer (a SQuAD 2.0 model's own)."""
-
-    @property
-    def context_room(self) -> int:
-        """Context tokens per window: what the question and the three special tokens leave."""
-        return self.max_seq_length - self.max_query_length - 3
-
-
-def qa_windows(settings: Mapping[str, Any], capacity: int) -> QAWindows:
-    """QA windows from a manifest's `task_settings`, at most `capacity` tokens (the graph's max_seq_length).
-
-    Stored settings that fit the graph are used as they are (what `bertserve evaluate` uses); without them, or
-    with a longer stored window, the window is the graph's length, fitted by `bert_model.tasks.windows` as
-    export's guard fits it.
-    """
-    length, query, stride = fit_qa_window(
-        capacity,
-        _setting(settings, "max_query_length", QA_MAX_QUESTION_TOKENS),
-        _setting(settings, "doc_stride", QA_DEFAULT_STRIDE, minimum=0),
-        _stored_length(settings),
-    )
-    if stride >= length - query - 3:
-        raise ValueError(
-            f"manifest task_settings: doc_stride {stride} must be smaller than the context tokens of a window "
-            f"({length} - {query} - 3 = {length - query - 3})"
-        )
-    threshold = settings.get("null_threshold")
-    return QAWindows(
-        max_seq_length=length,
-        doc_stride=stride,
-        max_query_length=query,
-        max_answer_length=_setting(settings, "max_answer_length", QA_DEFAULT_MAX_ANSWER_LEN),
-        null_threshold=float(threshold) if isinstance(threshold, int | float) else 0.0,
-    )
-
-
-def ner_windows(settings: Mapping[str, Any], capacity: int) -> tuple[int, int]:
-    """NER (window length, stride) from a manifest's `task_settings`, at most `capacity` tokens (fitted as
-    `qa_windows` fits, by `bert_model.tasks.windows`)."""
-    length, stride = fit_ner_window(
-        capacity, _setting(settings, "stride", NER_DEFAULT_STRIDE, minimum=0), _stored_length(settings)
-    )
-    if stride >= length - 2:
-        raise ValueError(
-            f"manifest task_settings: stride {stride} must be smaller than max_seq_length - 2 ({length - 2})"
-        )
-    return length, stride
-
-
-def _stored_length(settings: Mapping[str, Any]) -> int | None:
-    """The model's own window length, None for a bundle without one."""
-    return _setting(settings, "max_seq_length", 0, minimum=8) if "max_seq_length" in settings else None
-
-
-def _setting(settings: Mapping[str, Any], name: str, default: int, minimum: int = 1) -> int:
-    value = settings.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"manifest task_settings {name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 @dataclass

@@ -38,7 +38,8 @@ from bertserve.benchmarks.report import command_line, provenance, render, write_
 from service.bundles import ServingBundle, open_bundle
 from service.errors import ServiceError
 from service.ort_backend import OrtBackend
-from service.pipelines import ClassifyInput, NERInput, QAInput, make_pipeline
+from service.pipelines import make_pipeline
+from service.task_inputs import ClassifyInput, NERInput, QAInput
 
 MULTIPLES = (1, 8, 16, 32)
 SHUFFLE_SEED = 0

@@ -51,8 +51,8 @@ from service.http_api.schemas import (
 )
 from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
 from service.metrics import CONTENT_TYPE, ServiceMetrics
-from service.pipelines import ClassifyInput, NERInput, QAInput
 from service.settings import ServiceSettings
+from service.task_inputs import ClassifyInput, NERInput, QAInput
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from service.http_api.encoder_schemas import (
     OpenAIEmbeddingsResponse,
 )
 from service.inference import InferenceService, Outcome
-from service.pipelines import EmbedInput, FillMaskInput
+from service.task_inputs import EmbedInput, FillMaskInput
 
 
 def add_encoder_routes(

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from service.http_api.schemas import AT_LEAST_ONE, TRUNCATE_FIELD, Text, _Body, _model_field
-from service.pipelines import FillMaskInput
+from service.task_inputs import FillMaskInput
 
 EMBED_MODEL_EXAMPLE = "minilm"
 DIMENSIONS_FIELD = Field(

@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from bert_model.tasks.classification import ScoreFunction
-from service.pipelines import ClassifyInput, NERInput, QAInput
+from service.task_inputs import ClassifyInput, NERInput, QAInput
 
 AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
 

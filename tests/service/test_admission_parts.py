@@ -22,8 +22,9 @@ from service.grpc_api.server import AdmissionInterceptor
 from service.http_api.middleware import AdmissionMiddleware
 from service.inference import INLINE_CHARACTERS, InferenceService
 from service.metrics import ServiceMetrics
-from service.pipelines import QAInput, make_pipeline
+from service.pipelines import make_pipeline
 from service.settings import ServiceSettings
+from service.task_inputs import QAInput
 
 
 def _sample(metrics: ServiceMetrics, name: str, labels: dict[str, str] | None = None) -> float | None:

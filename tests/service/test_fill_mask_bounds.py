@@ -19,8 +19,9 @@ from service.inference import (
     InferenceService,
     _characters,
 )
-from service.pipelines import FILL_MASK_MAX_FILLS, FillMaskInput, make_pipeline
+from service.pipelines import FILL_MASK_MAX_FILLS, make_pipeline
 from service.settings import ServiceSettings
+from service.task_inputs import FillMaskInput
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ import pytest
 from bert_model.tasks.qa import qa_predictions
 from bert_model.tasks.spec import MANIFEST_FILE, BundleManifest
 from service.bundles import open_bundle
-from service.pipelines import ClassifyPipeline, NERInput, NERPipeline, QAInput, QAPipeline, make_pipeline
+from service.pipelines import ClassifyPipeline, NERPipeline, QAPipeline, make_pipeline
+from service.task_inputs import NERInput, QAInput
 from tests.service.server import ServerProcess, serving
 
 CAPACITY = 128  # the tiny graphs' max_position_embeddings

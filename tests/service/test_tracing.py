@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from service.inference import InferenceService
-from service.pipelines import ClassifyInput
 from service.settings import ServiceSettings
+from service.task_inputs import ClassifyInput
 from service.tracing import Tracer
 
 
