@@ -43,14 +43,6 @@ renormalized by the caller). A fill-mask graph runs the masked-LM head at the ma
 tokenizer's mask id): row b holds the logits of its mask tokens in position order, then filler rows up to the
 batch's most masks (at least one), which carry no answer."""
 
-UNLISTED_OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
-    **OUTPUT_NAMES,
-    "embed": ("last_hidden_state",),
-    "fill-mask": ("logits",),
-}
-"""The outputs of the graphs of a manifest that does not list them (written before manifests listed `outputs`):
-embed graphs then returned every token state, fill-mask graphs the logits of every position."""
-
 DYNAMIC_AXES: dict[str, dict[int, str]] = {
     "input_ids": {0: "batch_size", 1: "sequence_length"},
     "attention_mask": {0: "batch_size", 1: "sequence_length"},
@@ -125,7 +117,7 @@ class BundleManifest:
     """The model's own task settings (as `bertserve evaluate` reads them, fitted to `max_seq_length`): for qa
     max_seq_length, doc_stride, max_query_length, max_answer_length (and version_2, null_threshold); for ner
     max_seq_length, stride; for embed pooling ("mean" | "cls" | "max") and normalize (bool); for fill-mask
-    mask_token. The service's defaults; empty (bundles written before it) = the service's own."""
+    mask_token. The service's defaults for the model; a setting not given takes the service's own."""
     outputs: list[str] = field(default_factory=list)
     """The graphs' outputs, in order: the task's OUTPUT_NAMES (empty = those, when built in code). A bundle whose
     graphs output anything else was exported by another build of the contract and is refused: re-export it."""
@@ -192,7 +184,7 @@ class BundleManifest:
 def _check_outputs(data: dict[str, Any], path: Path) -> None:
     """Refuse a manifest whose graphs' outputs are not the task's OUTPUT_NAMES, saying how to get a bundle that is."""
     task = data["task"]
-    outputs = list(data.get("outputs") or UNLISTED_OUTPUT_NAMES[task])
+    outputs = list(data.get("outputs") or OUTPUT_NAMES[task])
     if outputs != list(OUTPUT_NAMES[task]):
         raise ValueError(
             f"{path}: the graphs of this {task} bundle output {outputs}, and this build serves {task} graphs that "

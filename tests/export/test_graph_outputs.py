@@ -84,7 +84,11 @@ def manifest_file(folder: Path, task: str, outputs: list[str] | None) -> Path:
 
 @pytest.mark.parametrize(
     ("task", "outputs", "old"),
-    [("embed", None, "last_hidden_state"), ("fill-mask", None, "'logits'"), ("embed", ["pooled"], "pooled")],
+    [
+        ("embed", ["last_hidden_state"], "last_hidden_state"),
+        ("fill-mask", ["logits"], "'logits'"),
+        ("embed", ["pooled"], "pooled"),
+    ],
 )
 def test_a_bundle_with_other_outputs_is_refused_with_how_to_re_export(
     task: str, outputs: list[str] | None, old: str, tmp_path: Path
@@ -109,8 +113,8 @@ def test_manifests_list_their_outputs_and_other_tasks_read_without(tmp_path: Pat
     names = ["pooled_embedding", "normalized_embedding"]
     written = BundleManifest.read(manifest_file(tmp_path / "embed", "embed", names))
     assert written.outputs == names and written.output_names == tuple(names)
-    older = BundleManifest.read(manifest_file(tmp_path / "classify", "classify", None))  # unchanged outputs
-    assert older.outputs == ["logits"]
+    unlisted = BundleManifest.read(manifest_file(tmp_path / "classify", "classify", None))  # the task's outputs
+    assert unlisted.outputs == ["logits"]
 
 
 @pytest.mark.parametrize(
