@@ -187,18 +187,21 @@ class LongBatchGate:
 
     A request whose token sequences are all at most `short_width` long (a sentence) is short. While short requests
     come (one is in progress, or one ended less than `hold_s` ago), at most `long_slots` batches of longer rows
-    (QA / NER windows, long texts) run at once in the process, and none of them on all cores (`run_alone`), so that
-    a core stays free for the short ones: on a small CPU two batches of 8 x 512 tokens take both cores for over a
-    second, and a sentence queued behind them would wait as long. Without short requests long batches run as the
-    models' concurrency allows.
+    (QA / NER windows, long texts) run at once in the process, each of at most `long_tokens` padded tokens (one row
+    at least), and none of them on all cores (`run_alone`): on a small CPU two batches of 8 x 512 tokens take both
+    cores for over a second, and a sentence queued behind them, on the same model or beside it, would wait as long;
+    a batch of one 512-token row takes about a tenth of that. Without short requests long batches run as the
+    models' concurrency and token budgets allow.
     """
 
-    def __init__(self, short_width: int, long_slots: int = 1, hold_s: float = 1.0) -> None:
-        if short_width < 1 or long_slots < 1 or hold_s < 0:
+    def __init__(self, short_width: int, long_tokens: int = 512, long_slots: int = 1, hold_s: float = 1.0) -> None:
+        if short_width < 1 or long_tokens < 1 or long_slots < 1 or hold_s < 0:
             raise ValueError(
-                f"need short_width >= 1, long_slots >= 1 and hold_s >= 0, got {short_width}, {long_slots}, {hold_s}"
+                "need short_width >= 1, long_tokens >= 1, long_slots >= 1 and hold_s >= 0, got "
+                f"{short_width}, {long_tokens}, {long_slots}, {hold_s}"
             )
         self.short_width = short_width
+        self.long_tokens = long_tokens
         self.long_slots = long_slots
         self.hold_s = hold_s
         self._short = 0
@@ -531,7 +534,10 @@ class Batcher:
             wait = self._pending[0].submitted + self.config.max_wait_s - time.perf_counter()
             if wait <= 0 or self._full():
                 batch = self._take_batch()
-                if self._gate is None or self._gate.may_start(self._batch_width(batch)):
+                gate = self._gate
+                if gate is not None and gate.is_long(self._batch_width(batch)) and gate.short_coming:
+                    batch = self._take_batch(gate.long_tokens)  # short requests wait on at most this much
+                if gate is None or gate.may_start(self._batch_width(batch)):
                     return self._remove_batch(batch)
                 # held back for short requests: cut again when one arrives or the gate opens
                 self._wakeup.clear()
@@ -564,15 +570,16 @@ class Batcher:
         self._pending = keep
         self._notify_depth()
 
-    def _take_batch(self) -> list[_Item]:
+    def _take_batch(self, max_tokens: int | None = None) -> list[_Item]:
         """Choose a batch (`_remove_batch` takes it out of the queue) from the length-sorted queue (or its `window`
         first features in fair order) around the first feature in fair order (`_Item.tag`: the oldest, but a request
         that came behind a long one's features goes before the rest of them).
 
         The window grows towards the neighbour closer in length while the batch stays within the row limit, the
-        token budget, the stretch limit, and the optional padding limit (padded tokens <= (1 + max_padding) x real
-        tokens).
+        token budget (`max_tokens` when given, else max_batch_tokens), the stretch limit, and the optional padding
+        limit (padded tokens <= (1 + max_padding) x real tokens). The first feature is taken whatever its width.
         """
+        budget = self.config.max_batch_tokens if max_tokens is None else min(max_tokens, self.config.max_batch_tokens)
         candidates = self._pending
         if self.config.window is not None and len(candidates) > self.config.window:
             candidates = sorted(candidates, key=lambda item: item.turn)[: self.config.window]
@@ -582,7 +589,7 @@ class Batcher:
         low, high = anchor, anchor  # inclusive window in `ordered`
         longest, real = first.length, first.length
         while high - low + 1 < self.config.max_batch_size:
-            grown = self._grow(ordered, low, high, longest, real)
+            grown = self._grow(ordered, low, high, longest, real, budget)
             if grown is None:
                 break
             low, high, longest, real = grown
@@ -600,14 +607,16 @@ class Batcher:
         return self._width(max(item.length for item in batch))
 
     def _grow(
-        self, ordered: list[_Item], low: int, high: int, longest: int, real: int
+        self, ordered: list[_Item], low: int, high: int, longest: int, real: int, budget: int
     ) -> tuple[int, int, int, int] | None:
         rows = high - low + 2
         left = ordered[low - 1] if low > 0 else None
         right = ordered[high + 1] if high + 1 < len(ordered) else None
         shortest = ordered[low].length
-        left_ok = left is not None and self._fits(rows, longest, real + left.length, left.length)
-        right_ok = right is not None and self._fits(rows, max(longest, right.length), real + right.length, shortest)
+        left_ok = left is not None and self._fits(rows, longest, real + left.length, left.length, budget)
+        right_ok = right is not None and self._fits(
+            rows, max(longest, right.length), real + right.length, shortest, budget
+        )
         if left_ok and right_ok:
             assert left is not None and right is not None
             # the neighbour closer in length to the window adds less padding
@@ -623,9 +632,9 @@ class Batcher:
             return low, high + 1, max(longest, right.length), real + right.length
         return None
 
-    def _fits(self, rows: int, longest: int, real: int, shortest: int) -> bool:
+    def _fits(self, rows: int, longest: int, real: int, shortest: int, budget: int) -> bool:
         width = self._width(longest)
-        if rows * width > self.config.max_batch_tokens:
+        if rows * width > budget:
             return False
         stretch = self.config.max_stretch
         if stretch is not None and width > stretch * shortest + self.config.stretch_tokens:

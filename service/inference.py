@@ -136,7 +136,11 @@ class InferenceService:
         """Requests receiving and at work over both front doors (the REST middleware and the gRPC interceptor)."""
         self.executor = BoundedExecutor(settings.tokenize_threads, settings.tokenize_queue)
         self.reservations = QueueReservations(self.metrics)
-        self.long_gate = LongBatchGate(settings.priority_width) if settings.priority_width is not None else None
+        self.long_gate = (
+            LongBatchGate(settings.priority_width, settings.priority_batch_tokens)
+            if settings.priority_width is not None
+            else None
+        )
         """Short requests before long batches, over every model of this process (shared by their batchers)."""
 
     # ---- lifecycle --------------------------------------------------------------------------------

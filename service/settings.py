@@ -100,6 +100,13 @@ class ServiceSettings(BaseSettings):
         "the process, over all models, and not on all cores, so that a core stays free for the short ones (unset = "
         "no priority: long batches run as each model's concurrency allows).",
     )
+    priority_batch_tokens: int = Field(
+        default=512,
+        ge=1,
+        description="While short requests are in progress, a batch of longer rows holds at most this many padded "
+        "tokens (one row at least), so that a short request waits on little compute: one 512-token row of MiniLM "
+        "int8 takes about 0.1 s on 2 cores, eight of them about 0.9 s.",
+    )
     max_concurrent_batches: int | None = Field(
         default=None,
         ge=1,

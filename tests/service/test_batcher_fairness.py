@@ -132,3 +132,57 @@ def test_while_short_requests_come_at_most_one_long_batch_runs_in_the_process() 
 def test_without_short_requests_long_batches_use_every_slot() -> None:
     most_long, _ = _gated_run(hold_s=0.0, with_short=False)
     assert most_long == 2
+
+
+class TokenTimedBackend(FakeBackend):
+    """A FakeBackend whose call takes `per_token` seconds per padded token (as a CPU runtime's does)."""
+
+    def __init__(self, per_token: float) -> None:
+        super().__init__()
+        self.per_token = per_token
+
+    async def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.delay = self.per_token * arrays["input_ids"].size
+        return await super().__call__(arrays)
+
+
+def _same_model_run(gate: LongBatchGate | None) -> tuple[list[tuple[int, int]], list[float]]:
+    """One model, one call at a time: a request of 8 rows of 200 tokens, then short ones (10 tokens) every 20 ms.
+    Returns the calls' shapes and the short requests' latencies."""
+    backend = TokenTimedBackend(per_token=25e-6)  # a row of 200: 5 ms; 8 of them: 40 ms
+
+    async def go() -> list[float]:
+        batcher = _batcher(backend, gate, max_batch_size=8, max_wait_s=0)
+        await batcher.start()
+        deadline = time.perf_counter() + 20
+        latencies: list[float] = []
+
+        async def short(i: int) -> None:
+            start = time.perf_counter()
+            await batcher.submit([feat(10, i)], deadline)
+            latencies.append(time.perf_counter() - start)
+
+        shorts = [asyncio.ensure_future(short(0))]
+        await asyncio.sleep(0.002)  # the short request is in progress when the long one comes
+        long = asyncio.ensure_future(batcher.submit([feat(200, i) for i in range(8)], deadline))
+        for i in range(1, 6):
+            await asyncio.sleep(0.02)
+            shorts.append(asyncio.ensure_future(short(i)))
+        await asyncio.gather(long, *shorts)
+        await batcher.close()
+        return latencies
+
+    latencies = asyncio.run(go())
+    return backend.calls, latencies
+
+
+def test_while_short_requests_come_a_long_batch_holds_at_most_the_priority_tokens() -> None:
+    """Beside short requests a long request's rows run one call of at most `long_tokens` at a time, so a short one
+    waits on one row (5 ms) at most; without the gate its rows run as one call of 8 (40 ms) that a short one waits
+    behind."""
+    calls, latencies = _same_model_run(LongBatchGate(short_width=128, long_tokens=256))
+    assert [shape for shape in calls if shape[1] == 200] == [(1, 200)] * 8
+    assert max(latencies) < 0.02, latencies
+    calls, latencies = _same_model_run(None)
+    assert (8, 200) in calls
+    assert max(latencies) > 0.015, latencies  # one arrived halfway through the 40-ms call
