@@ -158,6 +158,8 @@ class _Request:
     first_start: float | None = None
     inference_s: float = 0.0
     batches: int = 0
+    short: bool = True
+    """Interactive work (`LongBatchGate.is_short`): its rows go before long batches."""
 
     @property
     def dead(self) -> bool:
@@ -185,22 +187,26 @@ class LongBatchGate:
     """Priority of short requests over batches of long rows, over every model of the process (one object shared by
     their batchers; all on the event loop).
 
-    A request whose token sequences are all at most `short_width` long (a sentence) is short. While short requests
-    come (one is in progress, or one ended less than `hold_s` ago), at most `long_slots` batches of longer rows
-    (QA / NER windows, long texts) run at once in the process, each of at most `long_tokens` padded tokens (one row
-    at least), and none of them on all cores (`run_alone`): on a small CPU two batches of 8 x 512 tokens take both
-    cores for over a second, and a sentence queued behind them, on the same model or beside it, would wait as long;
-    a batch of one 512-token row takes about a tenth of that. Without short requests long batches run as the
-    models' concurrency and token budgets allow.
+    A request of at most `short_rows` token sequences, each at most `short_width` long (a few sentences), is short;
+    any other is bulk work (long texts, QA / NER windows of a long document, many inputs at once), and a batch that
+    holds a row of bulk work is long. While short requests come (one is in progress, or one ended less than `hold_s`
+    ago), at most `long_slots` long batches run at once in the process, each of at most `long_tokens` padded tokens
+    (one row at least), and none of them on all cores (`run_alone`): on a small CPU two batches of 8 x 512 tokens
+    take both cores for over a second, and a sentence queued behind them, on the same model or beside it, would wait
+    as long; a batch of one 512-token row takes about a tenth of that. Without short requests long batches run as
+    the models' concurrency and token budgets allow.
     """
 
-    def __init__(self, short_width: int, long_tokens: int = 512, long_slots: int = 1, hold_s: float = 1.0) -> None:
-        if short_width < 1 or long_tokens < 1 or long_slots < 1 or hold_s < 0:
+    def __init__(
+        self, short_width: int, short_rows: int = 8, long_tokens: int = 512, long_slots: int = 1, hold_s: float = 1.0
+    ) -> None:
+        if min(short_width, short_rows, long_tokens, long_slots) < 1 or hold_s < 0:
             raise ValueError(
-                "need short_width >= 1, long_tokens >= 1, long_slots >= 1 and hold_s >= 0, got "
-                f"{short_width}, {long_tokens}, {long_slots}, {hold_s}"
+                "need short_width, short_rows, long_tokens and long_slots >= 1 and hold_s >= 0, got "
+                f"{short_width}, {short_rows}, {long_tokens}, {long_slots}, {hold_s}"
             )
         self.short_width = short_width
+        self.short_rows = short_rows
         self.long_tokens = long_tokens
         self.long_slots = long_slots
         self.hold_s = hold_s
@@ -209,6 +215,7 @@ class LongBatchGate:
         self._held_until = 0.0  # time.monotonic() until which the last short request still counts
         self._timer: asyncio.TimerHandle | None = None
         self._waiters: set[asyncio.Event] = set()
+        self._held: list[asyncio.Event] = []  # batchers holding a long batch back, in the order they were held
 
     @property
     def short_in_progress(self) -> int:
@@ -218,8 +225,9 @@ class LongBatchGate:
     def long_running(self) -> int:
         return self._long
 
-    def is_long(self, width: int) -> bool:
-        return width > self.short_width
+    def is_short(self, rows: int, width: int) -> bool:
+        """Whether a request of `rows` token sequences, the longest `width` tokens, is short."""
+        return rows <= self.short_rows and width <= self.short_width
 
     def register(self, wakeup: asyncio.Event) -> None:
         """`wakeup` is set whenever a held-back long batch may be able to start."""
@@ -227,6 +235,7 @@ class LongBatchGate:
 
     def unregister(self, wakeup: asyncio.Event) -> None:
         self._waiters.discard(wakeup)
+        self.leave(wakeup)
 
     def short_request(self, done: asyncio.Future[BatchResult]) -> None:
         """A short request was queued; it counts until `done` is."""
@@ -238,12 +247,28 @@ class LongBatchGate:
         """A short request is in progress or ended less than `hold_s` ago."""
         return self._short > 0 or time.monotonic() < self._held_until
 
-    def may_start(self, width: int) -> bool:
-        """Whether a batch of rows `width` tokens wide may start now."""
-        return not self.is_long(width) or self._long < self.long_slots or not self.short_coming
+    def may_start(self, long: bool, batcher: asyncio.Event) -> bool:
+        """Whether `batcher` (its wakeup event) may start a batch (`long` or not) now. Held-back long batches start
+        in the order they were held (`hold`), so that one model's stream of long batches cannot keep another's out."""
+        if not long or not self.short_coming:
+            return True
+        return self._long < self.long_slots and (not self._held or self._held[0] is batcher)
 
-    def may_use_all_cores(self, width: int) -> bool:
-        return not self.is_long(width) or not self.short_coming
+    def hold(self, batcher: asyncio.Event) -> None:
+        """`batcher` has a long batch held back: it is woken when that batch may be able to start."""
+        if batcher not in self._held:
+            self._held.append(batcher)
+
+    def leave(self, batcher: asyncio.Event) -> None:
+        """`batcher` holds no long batch back any more (it started one, or has none to start)."""
+        if batcher in self._held:
+            first = self._held[0] is batcher
+            self._held.remove(batcher)
+            if first:
+                self._notify()
+
+    def may_use_all_cores(self, long: bool) -> bool:
+        return not long or not self.short_coming
 
     def long_started(self) -> None:
         self._long += 1
@@ -265,6 +290,11 @@ class LongBatchGate:
     def _notify(self) -> None:
         for wakeup in self._waiters:
             wakeup.set()
+
+
+def _is_long(batch: list[_Item]) -> bool:
+    """A batch that holds a row of bulk work (`LongBatchGate`)."""
+    return not all(item.request.short for item in batch)
 
 
 class Batcher:
@@ -430,8 +460,10 @@ class Batcher:
         )
         if self.config.passthrough:
             return await self._passthrough(request)
+        if self._gate is not None:
+            request.short = self._gate.is_short(len(features), max(len(f.input_ids) for f in features))
         self._enqueue(request)
-        if self._gate is not None and not self._gate.is_long(max(len(f.input_ids) for f in features)):
+        if self._gate is not None and request.short:
             self._gate.short_request(request.future)
         return await self._await(request)
 
@@ -502,13 +534,13 @@ class Batcher:
             if not batch:
                 self._slots.release()
                 continue
-            width = self._batch_width(batch)
+            long = _is_long(batch)
             alone = self._run_alone is not None and not self._batch_tasks and not self._pending
-            alone = alone and (self._gate is None or self._gate.may_use_all_cores(width))
+            alone = alone and (self._gate is None or self._gate.may_use_all_cores(long))
             task = asyncio.create_task(self._execute(batch, alone))
             self._batch_tasks.add(task)
             task.add_done_callback(self._batch_finished)
-            if self._gate is not None and self._gate.is_long(width):
+            if self._gate is not None and long:
                 self._gate.long_started()
                 task.add_done_callback(lambda _: self._long_ended())
 
@@ -528,18 +560,17 @@ class Batcher:
         while not self._closed:
             self._drop_dead(time.perf_counter())
             if not self._pending:
+                if self._gate is not None:
+                    self._gate.leave(self._wakeup)
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             wait = self._pending[0].submitted + self.config.max_wait_s - time.perf_counter()
             if wait <= 0 or self._full():
-                batch = self._take_batch()
-                gate = self._gate
-                if gate is not None and gate.is_long(self._batch_width(batch)) and gate.short_coming:
-                    batch = self._take_batch(gate.long_tokens)  # short requests wait on at most this much
-                if gate is None or gate.may_start(self._batch_width(batch)):
+                batch = self._gated_batch()
+                if batch:
                     return self._remove_batch(batch)
-                # held back for short requests: cut again when one arrives or the gate opens
+                # a long batch held back for short requests: cut again when one arrives or the gate opens
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -549,6 +580,23 @@ class Batcher:
                     await self._wakeup.wait()
             except TimeoutError:
                 pass
+        return []
+
+    def _gated_batch(self) -> list[_Item]:
+        """The next batch, or [] when it is a long one the gate holds back and no short request's rows wait (they
+        go ahead of a held long batch)."""
+        gate = self._gate
+        if gate is None:
+            return self._take_batch()
+        priority = gate if gate.short_coming else None
+        batch = self._take_batch(priority)
+        assert self._wakeup is not None
+        if gate.may_start(_is_long(batch), self._wakeup):
+            gate.leave(self._wakeup)
+            return batch
+        gate.hold(self._wakeup)
+        if any(item.request.short for item in self._pending):
+            return self._take_batch(priority, short_only=True)
         return []
 
     def _full(self) -> bool:
@@ -570,21 +618,30 @@ class Batcher:
         self._pending = keep
         self._notify_depth()
 
-    def _take_batch(self, max_tokens: int | None = None) -> list[_Item]:
+    def _take_batch(self, priority: LongBatchGate | None = None, short_only: bool = False) -> list[_Item]:
         """Choose a batch (`_remove_batch` takes it out of the queue) from the length-sorted queue (or its `window`
         first features in fair order) around the first feature in fair order (`_Item.tag`: the oldest, but a request
         that came behind a long one's features goes before the rest of them).
 
         The window grows towards the neighbour closer in length while the batch stays within the row limit, the
-        token budget (`max_tokens` when given, else max_batch_tokens), the stretch limit, and the optional padding
-        limit (padded tokens <= (1 + max_padding) x real tokens). The first feature is taken whatever its width.
+        token budget, the stretch limit, and the optional padding limit (padded tokens <= (1 + max_padding) x real
+        tokens). The first feature is taken whatever its width. With `priority` (short requests are coming): a batch
+        around a short request's feature holds short requests' features only, and one around bulk work at most
+        `priority.long_tokens` padded tokens, so that short requests wait on little compute. `short_only`: the batch
+        is cut from short requests' features only (some must wait).
         """
-        budget = self.config.max_batch_tokens if max_tokens is None else min(max_tokens, self.config.max_batch_tokens)
+        budget = self.config.max_batch_tokens
         candidates = self._pending
+        if short_only:
+            candidates = [item for item in candidates if item.request.short]
         if self.config.window is not None and len(candidates) > self.config.window:
             candidates = sorted(candidates, key=lambda item: item.turn)[: self.config.window]
-        ordered = sorted(candidates, key=lambda item: (item.length, item.arrival))
         first = min(candidates, key=lambda item: item.turn)
+        if priority is not None and first.request.short:
+            candidates = [item for item in candidates if item.request.short]
+        elif priority is not None:
+            budget = min(budget, priority.long_tokens)
+        ordered = sorted(candidates, key=lambda item: (item.length, item.arrival))
         anchor = ordered.index(first)
         low, high = anchor, anchor  # inclusive window in `ordered`
         longest, real = first.length, first.length
@@ -602,9 +659,6 @@ class Batcher:
         self._pending = [item for item in self._pending if id(item) not in taken]
         self._notify_depth()
         return batch
-
-    def _batch_width(self, batch: list[_Item]) -> int:
-        return self._width(max(item.length for item in batch))
 
     def _grow(
         self, ordered: list[_Item], low: int, high: int, longest: int, real: int, budget: int

@@ -137,7 +137,7 @@ class InferenceService:
         self.executor = BoundedExecutor(settings.tokenize_threads, settings.tokenize_queue)
         self.reservations = QueueReservations(self.metrics)
         self.long_gate = (
-            LongBatchGate(settings.priority_width, settings.priority_batch_tokens)
+            LongBatchGate(settings.priority_width, settings.max_batch_size, settings.priority_batch_tokens)
             if settings.priority_width is not None
             else None
         )

@@ -436,7 +436,7 @@ def test_a_killed_batch_loop_answers_its_waiters_at_once_and_fails_the_model(mon
     """The loop task dies (its batch cutting raises): every waiting caller gets ModelFailed (503 / UNAVAILABLE)
     within a second, the failure hook hears it once, and later requests are refused before any work."""
 
-    def broken_cut(self: Batcher) -> list:  # type: ignore[type-arg]
+    def broken_cut(self: Batcher, *_: object) -> list:  # type: ignore[type-arg]
         raise RuntimeError("loop killed by the test")
 
     monkeypatch.setattr(Batcher, "_take_batch", broken_cut)

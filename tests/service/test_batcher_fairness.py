@@ -186,3 +186,79 @@ def test_while_short_requests_come_a_long_batch_holds_at_most_the_priority_token
     calls, latencies = _same_model_run(None)
     assert (8, 200) in calls
     assert max(latencies) > 0.015, latencies  # one arrived halfway through the 40-ms call
+
+
+def test_many_short_rows_are_bulk_work_and_short_requests_are_batched_apart() -> None:
+    """A request of 16 sentences (more rows than short_rows) is bulk work: beside short requests its rows run in calls
+    of at most long_tokens, and a short request's rows never share a call with them."""
+    backend = TokenTimedBackend(per_token=1e-4)
+    gate = LongBatchGate(short_width=128, short_rows=8, long_tokens=20)
+
+    async def go() -> None:
+        batcher = _batcher(backend, gate, max_batch_size=8, max_wait_s=0)
+        await batcher.start()
+        deadline = time.perf_counter() + 20
+        first = asyncio.ensure_future(batcher.submit([feat(10, 99)], deadline))
+        await asyncio.sleep(0.002)
+        bulk = asyncio.ensure_future(batcher.submit([feat(10, 100 + i) for i in range(16)], deadline))
+        shorts = []
+        for i in range(4):
+            await asyncio.sleep(0.003)
+            shorts.append(asyncio.ensure_future(batcher.submit([feat(10, i)], deadline)))
+        await asyncio.gather(first, bulk, *shorts)
+        await batcher.close()
+
+    asyncio.run(go())
+    bulk_ids = {feat(10, 100 + i).input_ids[0] for i in range(16)}
+    calls, start = [], 0
+    for rows, _ in backend.calls:
+        calls.append([token in bulk_ids for token in backend.seen_ids[start : start + rows]])
+        start += rows
+    assert sum(map(sum, calls)) == 16
+    assert all(len(set(kinds)) == 1 for kinds in calls), calls  # no call mixes bulk and short rows
+    assert all(len(kinds) <= 2 for kinds in calls if kinds[0]), calls  # 2 x 10 tokens fit long_tokens
+
+
+def test_short_requests_go_ahead_of_a_held_long_batch_and_held_long_batches_take_turns() -> None:
+    """Two models on one gate, each with a bulk request of 12 rows of 200 tokens (a call of one row: 20 ms); model
+    B also gets short requests. B's short rows run while B's long batch is held for A's, and the two models' long
+    batches alternate instead of A's keeping the one long slot until its request is done."""
+    gate = LongBatchGate(short_width=128, long_tokens=200)
+    finished: dict[str, float] = {}
+
+    async def go() -> list[float]:
+        a = _batcher(TokenTimedBackend(1e-4), gate, max_batch_size=8, max_wait_s=0)
+        b = _batcher(TokenTimedBackend(1e-4), gate, max_batch_size=8, max_wait_s=0)
+        await a.start()
+        await b.start()
+        deadline = time.perf_counter() + 20
+        start = time.perf_counter()
+        latencies: list[float] = []
+
+        async def bulk(name: str, batcher: Batcher) -> None:
+            await batcher.submit([feat(200, i) for i in range(12)], deadline)
+            finished[name] = time.perf_counter() - start
+
+        async def short(i: int) -> None:
+            begun = time.perf_counter()
+            await b.submit([feat(10, i)], deadline)
+            latencies.append(time.perf_counter() - begun)
+
+        first = asyncio.ensure_future(short(0))
+        await asyncio.sleep(0.002)
+        bulks = [asyncio.ensure_future(bulk("a", a))]
+        await asyncio.sleep(0.005)
+        bulks.append(asyncio.ensure_future(bulk("b", b)))
+        shorts = [first]
+        for i in range(1, 12):
+            await asyncio.sleep(0.02)
+            shorts.append(asyncio.ensure_future(short(i)))
+        await asyncio.gather(*bulks, *shorts)
+        await a.close()
+        await b.close()
+        return latencies
+
+    latencies = asyncio.run(go())
+    assert max(latencies) < 0.06, latencies  # at most one long call (20 ms) ahead of a short one, plus its own
+    # turns: B's long batches are not all kept waiting until A's request is done (then A ends 0.23 s before B)
+    assert finished["b"] - finished["a"] < 0.17, finished
