@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from service.batcher import Batcher
 from service.errors import InvalidInput, Overloaded
 from service.metrics import ServiceMetrics
+from service.worker_threads import BULK_NICE, TOKENIZE, thread_setup
 
 T = TypeVar("T")
 
@@ -122,11 +123,13 @@ class Ticket:
 class BoundedExecutor:
     """A thread pool whose queue is bounded: `run` refuses a job with Overloaded when `threads + queue` are there."""
 
-    def __init__(self, threads: int, queue: int, name: str = "tokenize") -> None:
+    def __init__(self, threads: int, queue: int, name: str = TOKENIZE) -> None:
         if threads < 1 or queue < 0:
             raise ValueError(f"need at least 1 thread and a queue >= 0, got {threads} threads, queue {queue}")
         self.capacity = threads + queue
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._pool = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix=name, initializer=thread_setup(name, BULK_NICE)
+        )
         self._lock = threading.Lock()
         self._jobs = 0
 

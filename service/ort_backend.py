@@ -26,6 +26,7 @@ from bert_model.tasks.variant_choice import choose_variant, timing_candidates
 from bert_model.tokenization import BertTokenizer
 from service.errors import BackendBroken, BackendError, BackendUnavailable
 from service.variant_timing import FILLER_TEXT, VariantChoice, choose_fastest, timing_feed, timing_shapes
+from service.worker_threads import INFER, thread_setup
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,9 @@ class OrtBackend:
         self.width_multiple = OPENVINO_WIDTH_MULTIPLE if self.kind == "openvino" else 1
         self._lone_copy = self.settings.lone_copy(self.provider)
         self._executor = ThreadPoolExecutor(
-            max_workers=workers or self.concurrency, thread_name_prefix=f"ort-{manifest.name}"
+            max_workers=workers or self.concurrency,
+            thread_name_prefix=f"ort-{manifest.name}",
+            initializer=thread_setup(INFER),  # the runtime's pools, started from these threads, inherit the name
         )
         self._runtime: OpenedVariant | None = None
         self._closed = False
