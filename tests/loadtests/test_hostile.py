@@ -78,6 +78,13 @@ def test_the_largest_legal_qa_request_comes_from_the_servers_count_of_windows() 
     assert (over_grpc.max_queue, over_grpc.legal_inputs) == (512, 5)  # the server's queue, not the config's
     guessed = cases.size_windowed("ner", 19, "422", "too many", cases.Limits(max_queue=100), 100_000, 30)
     assert (guessed.source, guessed.needed, guessed.legal_inputs, guessed.legal_windows) == ("estimate", None, 3, 90)
+    # the server's refusal of a QA / NER plan names windows (service.pipelines)
+    windows = (
+        "the request needs 3610 windows of 256 tokens (doc_stride 128), more than this model's queue holds (512, the "
+        "server's max_queue setting); split it"
+    )
+    planned = cases.size_windowed("qa", 19, "INVALID_ARGUMENT", windows, limits, 100_000, 999)
+    assert (planned.needed, planned.max_queue, planned.windows_per_input, planned.legal_inputs) == (3610, 512, 190, 2)
     taken = cases.size_windowed("qa", 19, "200", "", limits, 100_000, 30)
     assert (taken.source, taken.legal_inputs) == ("accepted", 19)
     alone = cases.size_windowed("qa", 2, "422", REFUSAL.replace("1919", "1200"), limits, 100_000, 30)
