@@ -95,15 +95,16 @@ class ServiceSettings(BaseSettings):
     priority_width: int | None = Field(
         default=128,
         ge=1,
-        description="Requests whose token sequences are all at most this long (sentences) go before long batches: "
-        "while one is in progress, at most one batch of longer rows (QA / NER windows, long texts) runs at a time in "
-        "the process, over all models, and not on all cores, so that a core stays free for the short ones (unset = "
-        "no priority: long batches run as each model's concurrency allows).",
+        description="Short requests (at most max_batch_size token sequences, each at most this long: a few "
+        "sentences) go before bulk work (many inputs, long texts, a document's QA / NER windows): while one is in "
+        "progress, at most one batch of bulk rows runs at a time in the process, over all models, not on all cores "
+        "and of at most priority_batch_tokens, and short rows never wait behind a held one (unset = no priority: "
+        "batches run in arrival order as each model's concurrency allows).",
     )
     priority_batch_tokens: int = Field(
         default=512,
         ge=1,
-        description="While short requests are in progress, a batch of longer rows holds at most this many padded "
+        description="While short requests are in progress, a batch of bulk rows holds at most this many padded "
         "tokens (one row at least), so that a short request waits on little compute: one 512-token row of MiniLM "
         "int8 takes about 0.1 s on 2 cores, eight of them about 0.9 s.",
     )
