@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from bert_model.tasks.features import Feature
+from bert_model.tasks.features import Feature, padded_width
 from bert_model.tasks.ner import AGGREGATION_STRATEGIES
 from service.admission import BoundedExecutor, Door, QueueReservations
 from service.backend import Backend
@@ -307,8 +307,17 @@ class InferenceService:
         }
 
     async def _warm_up(self, model: LoadedModel) -> None:
+        """A request through the whole path, then one batch of the largest shape the batcher forms (the most rows of
+        the longest window), so that the runtime's memory (ONNX Runtime's arena, OpenVINO's buffers) is at its
+        working size before the first request: it grows with the largest batch seen, bounded by the settings, and
+        would otherwise grow under the first long requests."""
         start = time.perf_counter()
         await self._run(model, model.pipeline.warmup_input(), timeout_s=None, route="warmup")
+        config = model.batcher.config
+        width = padded_width(model.pipeline.max_seq_length, config.width_multiple, config.max_width)
+        rows = max(1, min(config.max_batch_size, config.max_batch_tokens // width))
+        deadline = time.perf_counter() + max(self.settings.request_timeout_s, 60.0)
+        await model.batcher.submit(model.pipeline.largest_batch(rows), deadline)
         log.info("warmed up", extra={"model": model.name, "ms": round((time.perf_counter() - start) * 1000, 1)})
 
     async def close(self) -> None:

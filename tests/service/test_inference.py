@@ -61,3 +61,39 @@ def test_a_model_that_fails_the_pipeline_check_leaves_no_backend_open(
         asyncio.run(service.load())
     assert all(backend.started == backend.closed for backend in backends), [vars(b) for b in backends]
     assert not service.models and not service.state.ready
+
+
+def test_warm_up_runs_one_batch_of_the_largest_shape_per_model(
+    tiny_bundles: dict[str, Path], encoder_bundles: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the warm-up request each model runs the most rows of its longest window in one call, so the runtime's
+    memory is at its working size before the first request (a QA model's arena grew ~50 MB under the first
+    requests with windows of 256 tokens otherwise)."""
+    from service.ort_backend import OrtBackend
+
+    shapes: dict[str, list[tuple[int, ...]]] = {}
+    infer = OrtBackend.infer
+
+    async def recording(self: OrtBackend, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shapes.setdefault(self.manifest.name, []).append(inputs["input_ids"].shape)
+        return await infer(self, inputs)
+
+    monkeypatch.setattr(OrtBackend, "infer", recording)
+    monkeypatch.setattr(OrtBackend, "infer_alone", recording)
+    bundles = [*tiny_bundles.values(), *encoder_bundles.values()]
+    settings = ServiceSettings(models=[str(b) for b in bundles], warmup_rounds=1, grpc_port=-1, max_batch_tokens=512)
+
+    async def load() -> dict[str, tuple[int, int]]:
+        service = InferenceService(settings)
+        try:
+            await service.load()
+            return {name: (model.batcher.config.max_batch_size, model.pipeline.max_seq_length)
+                    for name, model in service.models.items()}  # fmt: skip
+        finally:
+            await service.close()
+
+    largest = asyncio.run(load())
+    assert set(shapes) == set(largest) and len(largest) == 5
+    for name, (rows, width) in largest.items():
+        expected = (max(1, min(rows, 512 // width)), width)
+        assert shapes[name][-1] == expected, (name, shapes[name])
