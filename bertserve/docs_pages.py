@@ -330,7 +330,7 @@ def _run_table(run: list[dict[str, Any]]) -> str:
     peers = " --peers" if len(run) > 1 else ""
     head = (
         f"Run `{first['run_id']}` ({first['created'][:16].replace('T', ' ')} UTC, git {first.get('git')}, "
-        f"{machine.get('cpus')} CPUs, {machine.get('platform')}; the history records no CPU model): "
+        f"{machine.get('cpu') or str(machine.get('cpus')) + ' CPUs, ' + str(machine.get('platform'))}): "
         f"`bertserve loadtest --profile {first['profile']} --mix {mix}{peers}`, tag `{first.get('tag')}`, "
         f"{first['shape'].replace('@', ' users for ')} s:\n\n"
     )
@@ -355,6 +355,39 @@ def _loadtest_block(root: Path) -> str | None:
     return f"From `loadtests/results/history.jsonl` (regenerate: `{REGENERATE}`).\n\n" + "\n".join(tables)
 
 
+def _hostile_block(root: Path) -> str | None:
+    """The latest hostile-profile run of the default server (tag `hostile-*`): every bound it judged, and the small
+    requests' latency per phase."""
+    history = root / "loadtests/results/history.jsonl"
+    if not history.is_file():
+        return None
+    runs = [run for run in _runs(history) if (run[0].get("tag") or "").startswith("hostile")]
+    ours = [record for record in runs[-1] if record["target"] == "ours-batching"] if runs else []
+    if not ours or "checks" not in ours[0]:
+        return None
+    record = ours[0]
+    machine = record.get("machine", {})
+    head = (
+        f"From `loadtests/results/history.jsonl` (regenerate: `{REGENERATE}`). Run `{record['run_id']}` "
+        f"({record['created'][:16].replace('T', ' ')} UTC, git {record.get('git')}, "
+        f"{machine.get('cpu') or str(machine.get('cpus')) + ' CPUs'}): `make loadtest-hostile`, "
+        f"tag `{record['tag']}`.\n\n"
+    )
+
+    def bound(description: str) -> str:
+        return description.replace("<=", "≤").replace(">=", "≥")
+
+    checks = table(["bound", "held"], ([bound(check["description"]), "yes" if check["passed"] else "NO"]
+                                       for check in record["checks"]))  # fmt: skip
+    phases = [
+        [name.removesuffix(": small /classify"), f"{f['requests']}", f"{f['p50']:.1f}", f"{f['p99']:.1f}",
+         f"{100 * f['error_rate']:.2f}%"]
+        for name, f in record["figures"].items() if name.endswith("small /classify")
+    ]  # fmt: skip
+    small = table(["phase", "small /classify requests", "p50 ms", "p99 ms", "not 200"], phases)
+    return head + checks + "\n" + small
+
+
 BLOCKS: dict[str, Callable[[Path], str | None]] = {
     "bench-model": _artifact_markdown(Path("artifacts/bench/bench-model.md")),
     "bench-service": _artifact_markdown(Path("artifacts/bench/service.md")),
@@ -362,6 +395,7 @@ BLOCKS: dict[str, Callable[[Path], str | None]] = {
     "bench-widths-squad": _artifact_markdown(Path("artifacts/bench/widths-minilm-squad.md")),
     "bench-gpu": _artifact_markdown(Path("artifacts/bench/bench-gpu.md")),
     "loadtest-acceptance": _loadtest_block,
+    "loadtest-hostile": _hostile_block,
 }
 """Measurement blocks by name: each renders from what the measuring command left on disk, or None (keep the block)."""
 

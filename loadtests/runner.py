@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
+from bert_model.hardware import read_cpu_info
 from bert_model.loopback import check_grpc_target, check_http_url
 from loadtests import endpoints as ep
 from loadtests.history import (
@@ -604,7 +605,13 @@ def _git_commit() -> str | None:
 
 
 def _machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    """Where the run ran: the CPU in one line (speed ratios differ between CPU families), cores, OS, Python."""
+    return {
+        "cpu": read_cpu_info().summary(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def write_outputs(run_dir: Path, summary: dict[str, Any], samples: dict[str, list[Sample]]) -> None:
@@ -661,6 +668,10 @@ def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunRes
         history_record(run_id, created, plan.profile.name, label, t["mix"], options.tag, t["summary"], meta)
         for label, t in targets.items()
     ]
+    for record in records:  # the hostile profile's bounds, judged per target
+        judged = [c for c in checks if c.get("target") == record["target"] and "description" in c]
+        if plan.hostile is not None and judged:
+            record["checks"] = [{"description": c["description"], "passed": c["passed"]} for c in judged]
     append_history(plan.history_path, records)
     return RunResult(_exit_code(summary), run_dir, summary)
 

@@ -132,3 +132,26 @@ def test_the_load_test_block_shows_the_latest_acceptance_run_of_each_mix(tmp_pat
     filled = docs_pages.fill_blocks(page, tmp_path)
     assert "Run `new`" in filled and "Run `old`" not in filled and "999.0" not in filled
     assert "| ours-batching | /classify | 320.0 | 10.0 | 30.0 | 0.00% | 8.00× | — |" in filled
+
+
+def test_the_hostile_block_lists_every_bound_of_the_latest_hostile_run(tmp_path: Path) -> None:
+    older = _record("old", "ours-batching", "/classify=1", 20.0, "hostile-default")
+    newer = _record("new", "ours-batching", "/classify=1", 19.0, "hostile-default")
+    for record in (older, newer):
+        record["profile"] = "hostile"
+        record["figures"] = {"max-size: small /classify": record["figures"]["all"], "all": record["figures"]["all"]}
+    older["checks"] = [{"description": "old bound", "passed": True}]
+    newer["checks"] = [
+        {"description": "distinct: RSS growth +1.0 MB <= 50 MB", "passed": True},
+        {"description": "max-size: small /classify p99 300 ms <= 250 ms", "passed": False},
+    ]
+    newer["machine"] = {"cpu": "AMD EPYC (Zen 3), 2 cores", "cpus": 2}
+    history = tmp_path / "loadtests/results/history.jsonl"
+    history.parent.mkdir(parents=True)
+    history.write_text("".join(json.dumps(record) + "\n" for record in (older, newer)))
+    page = "<!-- generated:loadtest-hostile -->\n<!-- /generated:loadtest-hostile -->\n"
+    filled = docs_pages.fill_blocks(page, tmp_path)
+    assert "Run `new`" in filled and "AMD EPYC (Zen 3)" in filled and "old bound" not in filled
+    assert "| distinct: RSS growth +1.0 MB ≤ 50 MB | yes |" in filled
+    assert "| max-size: small /classify p99 300 ms ≤ 250 ms | NO |" in filled
+    assert "| max-size | 100 | 10.0 | 30.0 | 0.00% |" in filled
