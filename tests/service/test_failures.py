@@ -32,10 +32,10 @@ FAULTS = {
     "loop": (
         "import service.batcher as patched\n"
         "cut = patched.Batcher._take_batch\n"
-        "def take(self):\n"
+        "def take(self, *args, **kwargs):\n"
         "    if os.path.exists(os.environ['FAULT_TRIGGER']):\n"
         "        raise RuntimeError('batch loop killed by the test hook')\n"
-        "    return cut(self)\n"
+        "    return cut(self, *args, **kwargs)\n"
         "patched.Batcher._take_batch = take\n"
     ),
     "backend": (
