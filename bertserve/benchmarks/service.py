@@ -1,4 +1,5 @@
-"""Service benchmark: overhead at low load, and throughput at N concurrent clients with batching on vs off.
+"""Service benchmark: overhead at low load, throughput with batching on vs off, and per route where the server's
+CPU goes.
 
     python -m bertserve.benchmarks.service [--models artifacts/bundles/minilm-sst2] [--concurrency 32] [--duration 20]
     make bench-service            # the same, under the shared CPU lock
@@ -8,8 +9,13 @@ HTTP (aiohttp) and gRPC (generated stubs) from this process:
 - overhead: sequential single-text /classify (and Classifier.Classify) calls; per call, end-to-end latency
   minus the backend's own time (the `x-inference-time-ms` header / trailing metadata); reports p50s;
 - throughput: `--concurrency` clients in closed loops for `--duration` seconds, batching on, then off
-  (`--no-batching`: one sequence per backend call); requests/s, p50/p99 latency, mean batch size.
-Texts are SST-2 dev sentences from ../shared/data when present, else built-in sentences. Torch-free.
+  (`--no-batching`: one sequence per backend call); requests/s, p50/p99 latency, mean batch size;
+- routes (`bertserve.benchmarks.service_routes`): one server with the default models (`--route-models`), and per
+  route (`/classify`, `Classifier.Classify`, `/embed`, `/ner`, `/qa`) `--concurrency` closed-loop clients for
+  `--duration` seconds: answers/s, latency, padded / real tokens, and the server's CPU per answer split into event
+  loop, tokenization, runtime and other threads (per-thread CPU from /proc). `--parts` picks some of the three.
+Texts are SST-2 dev sentences from ../shared/data when present (also SQuAD and CoNLL-2003 for the routes), else
+built-in samples. Torch-free.
 Results: a JSON file and a Markdown table (default artifacts/bench/service.{json,md}) by `report.write_report`,
 which names the date, the machine (CPU model, cores, int8 / bf16 features) and the command.
 """
@@ -32,11 +38,20 @@ import httpx
 import numpy as np
 
 from bertserve.benchmarks.report import command_line, provenance, render, write_report
+from bertserve.benchmarks.service_routes import measure_routes, routes_markdown
+from loadtests.payloads import load_payloads
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 300.0
 """How long a started server may take to become ready."""
-SST2_DEV = REPO.parent / "shared" / "data" / "sst2" / "dev.half-a.tsv"
+DATA = REPO.parent / "shared" / "data"
+SST2_DEV = DATA / "sst2" / "dev.half-a.tsv"
+SQUAD_DEV = DATA / "squad_v1.1" / "dev-v1.1.half-a.json"
+CONLL_DEV = DATA / "conll2003" / "eng.testa"
+DEFAULT_ROUTE_MODELS = ",".join(
+    str(REPO / "artifacts" / "bundles" / name) for name in ("minilm-sst2", "minilm-squad", "minilm-conll03", "minilm")
+)
+PARTS = ("overhead", "batching", "routes")
 FALLBACK_TEXTS = [
     "a gripping, beautifully acted film",
     "the plot is thin and the jokes fall flat",
@@ -199,7 +214,15 @@ def measure_throughput(server: Server, texts: list[str], concurrency: int, durat
     return result
 
 
-def run(models: str, concurrency: int, duration: float, requests: int, workdir: Path) -> dict[str, Any]:
+def run(
+    models: str,
+    concurrency: int,
+    duration: float,
+    requests: int,
+    workdir: Path,
+    parts: tuple[str, ...] = PARTS,
+    route_models: str = DEFAULT_ROUTE_MODELS,
+) -> dict[str, Any]:
     texts = load_texts()
     report: dict[str, Any] = {
         "models": models,
@@ -207,46 +230,78 @@ def run(models: str, concurrency: int, duration: float, requests: int, workdir: 
         "duration_s": duration,
         "texts": "sst2/dev.half-a.tsv" if SST2_DEV.is_file() else "built-in",
         "cpu_count": os.cpu_count(),
+        "parts": list(parts),
     }
-    for mode, extra in (("batching_on", ["--batching"]), ("batching_off", ["--no-batching"])):
+    modes = [("batching_on", ["--batching"])] if "overhead" in parts or "batching" in parts else []
+    modes += [("batching_off", ["--no-batching"])] if "batching" in parts else []
+    for mode, extra in modes:
         server = Server(models, extra, workdir / f"server-{mode}.log")
         try:
             server.wait_ready()
-            if mode == "batching_on":
+            if "overhead" in parts and mode == "batching_on":
                 report["low_load"] = measure_overhead(server, texts, requests)
-            report[mode] = measure_throughput(server, texts, concurrency, duration)
+            if "batching" in parts:
+                report[mode] = measure_throughput(server, texts, concurrency, duration)
         finally:
             report[f"{mode}_exit_code"] = server.stop()
-    on, off = report["batching_on"], report["batching_off"]
-    report["throughput_gain"] = on["requests_per_s"] / off["requests_per_s"] if off["requests_per_s"] else None
+    if "batching" in parts:
+        on, off = report["batching_on"], report["batching_off"]
+        report["throughput_gain"] = on["requests_per_s"] / off["requests_per_s"] if off["requests_per_s"] else None
+    if "routes" in parts:
+        report["route_models"] = route_models
+        report["routes"] = measure_each_route(route_models, concurrency, duration, workdir)
     return report
 
 
+def measure_each_route(models: str, concurrency: int, duration: float, workdir: Path) -> dict[str, Any]:
+    """`service_routes.measure_routes` against one server with `models`."""
+    payloads = load_payloads(
+        sst2=SST2_DEV if SST2_DEV.is_file() else None,
+        squad=SQUAD_DEV if SQUAD_DEV.is_file() else None,
+        conll=CONLL_DEV if CONLL_DEV.is_file() else None,
+    )
+    server = Server(models, [], workdir / "server-routes.log")
+    try:
+        server.wait_ready()
+        target = f"127.0.0.1:{server.grpc_port}"
+        routes = asyncio.run(measure_routes(server.url, target, server.process.pid, payloads, concurrency, duration))
+    finally:
+        server.stop()
+    return {"payloads": payloads.sources, "by_route": routes}
+
+
 def markdown(report: dict[str, Any]) -> str:
-    low, on, off = report["low_load"], report["batching_on"], report["batching_off"]
-    lines = [
-        f"Service benchmark: {report['models']}, {report['cpu_count']} CPUs, texts: {report['texts']}",
-        "",
-        "| low load (sequential) | end-to-end p50 ms | backend p50 ms | overhead p50 ms |",
-        "|---|---|---|---|",
-        *(
-            f"| {label} | {low[f'{key}_p50_ms']:.2f} | {low[f'{key}_backend_p50_ms']:.2f} "
-            f"| {low[f'{key}_overhead_p50_ms']:.2f} |"
-            for label, key in (("REST /classify", "rest"), ("gRPC Classify", "grpc"))
-        ),
-        "",
-        f"| {report['concurrency']} clients, {report['duration_s']:.0f} s | req/s | p50 ms | p99 ms | backend calls "
-        "| mean batch |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, row in (("batching on", on), ("batching off", off)):
-        lines.append(
-            f"| {name} | {row['requests_per_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
-            f"{row['backend_calls']} | {row['mean_batch_size']:.2f} |"
-        )
-    lines.append("")
-    lines.append(f"Throughput gain from batching: {report['throughput_gain']:.2f}x")
-    return "\n".join(lines) + "\n"
+    lines = [f"Service benchmark: {report['models']}, {report['cpu_count']} CPUs, texts: {report['texts']}", ""]
+    low = report.get("low_load")
+    if low is not None:
+        lines += [
+            "| low load (sequential) | end-to-end p50 ms | backend p50 ms | overhead p50 ms |",
+            "|---|---|---|---|",
+            *(
+                f"| {label} | {low[f'{key}_p50_ms']:.2f} | {low[f'{key}_backend_p50_ms']:.2f} "
+                f"| {low[f'{key}_overhead_p50_ms']:.2f} |"
+                for label, key in (("REST /classify", "rest"), ("gRPC Classify", "grpc"))
+            ),
+            "",
+        ]
+    if "batching_on" in report and "batching_off" in report:
+        lines += [
+            f"| {report['concurrency']} clients, {report['duration_s']:.0f} s | req/s | p50 ms | p99 ms "
+            "| backend calls | mean batch |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, key in (("batching on", "batching_on"), ("batching off", "batching_off")):
+            row = report[key]
+            lines.append(
+                f"| {name} | {row['requests_per_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+                f"{row['backend_calls']} | {row['mean_batch_size']:.2f} |"
+            )
+        lines += ["", f"Throughput gain from batching: {report['throughput_gain']:.2f}x", ""]
+    if "routes" in report:
+        sources = ", ".join(f"{task}: {source}" for task, source in report["routes"]["payloads"].items())
+        lines += [routes_markdown(report["routes"]["by_route"], report["concurrency"], report["duration_s"]).rstrip()]
+        lines += ["", f"Payloads: {sources}."]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,11 +311,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="Seconds per throughput run.")
     parser.add_argument("--requests", type=int, default=200, help="Sequential requests for the overhead figure.")
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"), help="Folder for service.{json,md}.")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"What to measure, comma-separated: {', '.join(PARTS)}."
+    )
+    parser.add_argument(
+        "--route-models", default=DEFAULT_ROUTE_MODELS, help="Bundles of the server the routes part measures."
+    )
     args = parser.parse_args(argv)
+    parts = tuple(part.strip() for part in args.parts.split(",") if part.strip())
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        parser.error(f"--parts takes some of {', '.join(PARTS)}, got {args.parts!r}")
     args.out.mkdir(parents=True, exist_ok=True)
     origin = provenance(command_line("python -m bertserve.benchmarks.service", argv))
     print(f"Machine: {origin.machine}", flush=True)
-    report = run(args.models, args.concurrency, args.duration, args.requests, args.out)
+    report = run(args.models, args.concurrency, args.duration, args.requests, args.out, parts, args.route_models)
     write_report(args.out, "service", origin, report, markdown(report))
     print(render(origin, markdown(report)))
     return 0

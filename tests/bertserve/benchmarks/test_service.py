@@ -53,3 +53,44 @@ def test_report_names_an_epyc_zen4_without_amx(tmp_path: Path) -> None:
     assert "AMD EPYC 9454 48-Core Processor (Zen 4), 2 cores at 2.75 GHz; AVX-512 VNNI (no AMX)" in text
     assert "amx_int8" not in text and "avx512_vnni" in text
     assert data["provenance"]["created"].endswith("Z") and data["provenance"]["cpu"]["microarchitecture"] == "Zen 4"
+
+
+def test_routes_part_splits_a_real_servers_cpu_per_answer(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """Against a real server (classify, qa, embed): every route it serves is measured, its CPU per answer split
+    into the four parts (adding up to the total), padded / real tokens >= 1; a route whose task is not served
+    (/ner) is left out; the Markdown table has a row per route."""
+    import asyncio
+
+    from bertserve.benchmarks.service_routes import measure_routes, routes_markdown
+    from bertserve.benchmarks.thread_cpu import PARTS
+    from loadtests.payloads import load_payloads
+    from tests.service.server import serving
+
+    with serving(list(tiny_bundles.values()), tmp_path / "server.log") as server:
+        routes = asyncio.run(
+            measure_routes(server.url, server.grpc_target, server.process.pid, load_payloads(), 4, 1.5)
+        )
+    assert list(routes) == ["/classify", "Classifier.Classify", "/embed", "/qa"]
+    for name, row in routes.items():
+        cpu = row["cpu_ms_per_answer"]
+        assert row["answers"] > 0 and row["failed"] == 0, (name, row)
+        assert abs(sum(cpu[part] for part in PARTS) - cpu["total"]) < 1e-6 and cpu["total"] > 0, (name, cpu)
+        assert cpu["event_loop"] > 0 and 0 <= cpu["outside_runtime_share"] <= 1, (name, cpu)
+        assert row["padded_over_real"] >= 1.0, (name, row)
+    table = routes_markdown(routes, 4, 1.5)
+    assert table.count("\n| `") == 4 and "| route | answers/s |" in table
+
+
+def test_thread_parts_follow_the_kernel_names() -> None:
+    from bertserve.benchmarks.thread_cpu import ThreadTime, cpu_by_part
+
+    before = {10: ThreadTime("bertserve", 1.0), 11: ThreadTime("bs-tokenize_0", 0.5), 12: ThreadTime("bs-infer", 2.0)}
+    after = {
+        10: ThreadTime("bertserve", 1.5),
+        11: ThreadTime("bs-tokenize_0", 0.75),
+        12: ThreadTime("bs-infer", 4.0),
+        13: ThreadTime("bs-infer", 1.0),  # a runtime thread started in between counts from zero
+        14: ThreadTime("grpc_global_tim", 0.1),
+    }
+    parts = cpu_by_part(10, before, after)
+    assert parts == {"event_loop": 0.5, "tokenization": 0.25, "runtime": 3.0, "other": 0.1}
