@@ -175,8 +175,10 @@ class _Item:
     submitted: float
     tag: int = 0
     """Fair order (start-time fair queueing, one unit per feature): a request's features are tagged from the
-    virtual time at its submission up, so a request that comes while a long one is queued is next, and the
-    features of concurrent requests take turns."""
+    virtual time at its submission up, so a request that comes while a long one is queued goes before the rest of
+    it, and the features of concurrent requests take turns. The virtual time moves on with every batch (to the
+    largest tag it served, and at least by one), so a feature waits a bounded number of batches however many
+    requests keep arriving."""
 
     @property
     def turn(self) -> tuple[int, int]:
@@ -332,7 +334,7 @@ class Batcher:
         self._observer = observer
         self._pending: list[_Item] = []
         self._arrivals = 0
-        self._virtual = 0  # the tag of the last batch's first feature in fair order
+        self._virtual = 0  # fair order's virtual time: the tag new requests start from (`_Item.tag`)
         self._in_flight = 0
         self._wakeup: asyncio.Event | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -653,8 +655,8 @@ class Batcher:
         return ordered[low : high + 1]
 
     def _remove_batch(self, batch: list[_Item]) -> list[_Item]:
-        """Remove a cut batch from the queue; the virtual time moves to its first feature's tag."""
-        self._virtual = max(self._virtual, min(item.tag for item in batch))
+        """Remove a cut batch from the queue; the virtual time moves on (`_Item.tag`)."""
+        self._virtual = max(self._virtual + 1, max(item.tag for item in batch))
         taken = {id(item) for item in batch}
         self._pending = [item for item in self._pending if id(item) not in taken]
         self._notify_depth()

@@ -262,3 +262,31 @@ def test_short_requests_go_ahead_of_a_held_long_batch_and_held_long_batches_take
     assert max(latencies) < 0.06, latencies  # at most one long call (20 ms) ahead of a short one, plus its own
     # turns: B's long batches are not all kept waiting until A's request is done (then A ends 0.23 s before B)
     assert finished["b"] - finished["a"] < 0.17, finished
+
+
+def test_a_request_of_several_rows_is_not_starved_by_a_stream_of_one_row_requests() -> None:
+    """A request of 3 long rows (one a call: the token budget) beside 16 closed-loop clients of one short row each:
+    its rows wait a bounded number of calls, not until the stream stops (each new one-row request used to get the
+    virtual time of the last call, ahead of the request's later rows, for as long as requests kept coming)."""
+    backend = FakeBackend(delay=0.005)
+
+    async def go() -> float:
+        batcher = _batcher(backend, max_batch_size=4, max_wait_s=0, max_batch_tokens=256)
+        await batcher.start()
+        deadline = time.perf_counter() + 20
+        stop = time.perf_counter() + 1.0
+
+        async def client(i: int) -> None:
+            while time.perf_counter() < stop:
+                await batcher.submit([feat(10, i)], deadline)
+
+        clients = [asyncio.ensure_future(client(i)) for i in range(16)]
+        await asyncio.sleep(0.05)
+        start = time.perf_counter()
+        await batcher.submit([feat(200, 100 + i) for i in range(3)], deadline)
+        waited = time.perf_counter() - start
+        await asyncio.gather(*clients)
+        await batcher.close()
+        return waited
+
+    assert asyncio.run(go()) < 0.2  # a few calls of 5 ms; starved, it waited for the stream's end (~0.95 s)
