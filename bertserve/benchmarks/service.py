@@ -222,6 +222,8 @@ def run(
     workdir: Path,
     parts: tuple[str, ...] = PARTS,
     route_models: str = DEFAULT_ROUTE_MODELS,
+    routes: tuple[str, ...] = (),
+    server_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     texts = load_texts()
     report: dict[str, Any] = {
@@ -249,22 +251,32 @@ def run(
         report["throughput_gain"] = on["requests_per_s"] / off["requests_per_s"] if off["requests_per_s"] else None
     if "routes" in parts:
         report["route_models"] = route_models
-        report["routes"] = measure_each_route(route_models, concurrency, duration, workdir)
+        report["routes"] = measure_each_route(route_models, concurrency, duration, workdir, routes, server_args)
     return report
 
 
-def measure_each_route(models: str, concurrency: int, duration: float, workdir: Path) -> dict[str, Any]:
-    """`service_routes.measure_routes` against one server with `models`."""
+def measure_each_route(
+    models: str,
+    concurrency: int,
+    duration: float,
+    workdir: Path,
+    only: tuple[str, ...] = (),
+    server_args: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """`service_routes.measure_routes` (of `only`, or every route) against one server with `models` and
+    `server_args`."""
     payloads = load_payloads(
         sst2=SST2_DEV if SST2_DEV.is_file() else None,
         squad=SQUAD_DEV if SQUAD_DEV.is_file() else None,
         conll=CONLL_DEV if CONLL_DEV.is_file() else None,
     )
-    server = Server(models, [], workdir / "server-routes.log")
+    server = Server(models, list(server_args), workdir / "server-routes.log")
     try:
         server.wait_ready()
         target = f"127.0.0.1:{server.grpc_port}"
-        routes = asyncio.run(measure_routes(server.url, target, server.process.pid, payloads, concurrency, duration))
+        routes = asyncio.run(
+            measure_routes(server.url, target, server.process.pid, payloads, concurrency, duration, only)
+        )
     finally:
         server.stop()
     return {"payloads": payloads.sources, "by_route": routes}
@@ -317,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--route-models", default=DEFAULT_ROUTE_MODELS, help="Bundles of the server the routes part measures."
     )
+    parser.add_argument("--routes", default="", help="Routes the routes part measures, comma-separated (default all).")
+    parser.add_argument(
+        "--server-arg", action="append", default=[], help="An extra `bertserve serve` argument of the routes' server."
+    )
     args = parser.parse_args(argv)
     parts = tuple(part.strip() for part in args.parts.split(",") if part.strip())
     unknown = sorted(set(parts) - set(PARTS))
@@ -325,7 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     origin = provenance(command_line("python -m bertserve.benchmarks.service", argv))
     print(f"Machine: {origin.machine}", flush=True)
-    report = run(args.models, args.concurrency, args.duration, args.requests, args.out, parts, args.route_models)
+    routes = tuple(route.strip() for route in args.routes.split(",") if route.strip())
+    report = run(
+        args.models, args.concurrency, args.duration, args.requests, args.out, parts, args.route_models, routes,
+        tuple(args.server_arg),
+    )  # fmt: skip
     write_report(args.out, "service", origin, report, markdown(report))
     print(render(origin, markdown(report)))
     return 0

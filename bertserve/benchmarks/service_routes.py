@@ -111,9 +111,16 @@ async def _measured(
 
 
 async def measure_routes(
-    url: str, grpc_target: str, pid: int, payloads: Payloads, clients: int, duration: float
+    url: str,
+    grpc_target: str,
+    pid: int,
+    payloads: Payloads,
+    clients: int,
+    duration: float,
+    only: tuple[str, ...] = (),
 ) -> dict[str, dict[str, Any]]:
-    """Every route the server at `url` / `grpc_target` (process `pid`) serves, one after another."""
+    """Every route the server at `url` / `grpc_target` (process `pid`) serves (or those of `only`), one after
+    another."""
     import aiohttp
     import grpc
 
@@ -153,7 +160,7 @@ async def measure_routes(
 
         for route in ROUTES:
             model = defaults.get(route.task)
-            if model is None:
+            if model is None or (only and route.name not in only):
                 continue
             call = classify_rpc if route.name == "Classifier.Classify" else rest(route.name)
             results[route.name] = await _measured(call, clients, duration, pid, metrics, model)
