@@ -309,9 +309,7 @@ def _register_special_tokens(tokenizer: Tokenizer) -> None:
         tokenizer.add_special_tokens(tokens)
 
 
-def _encode_all(
-    tokenizer: Tokenizer, inputs: list[str | tuple[str, str]], add_special_tokens: bool
-) -> list[Encoding]:
+def _encode_all(tokenizer: Tokenizer, inputs: list[str | tuple[str, str]], add_special_tokens: bool) -> list[Encoding]:
     """Encode `inputs`: one alone with `encode`, several with `encode_batch`, which spreads them over the library's
     thread pool; for a single input that hand-off to another thread and back costs more than the encoding itself
     (a sentence encodes in about 30 microseconds)."""
