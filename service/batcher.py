@@ -102,6 +102,9 @@ class BatchConfig:
     """A batch's padded width is at most `max_stretch` x its shortest row + `stretch_tokens` (None = no limit): a
     short row is never padded into (and made to wait on the compute of) a batch of much longer rows."""
     stretch_tokens: int = 64
+    call_overhead_tokens: int = 16
+    """The fixed cost of one backend call, in padded tokens' worth of compute: a batch is cut where padding one
+    more row would cost more than a call of its own (see `Batcher._take_batch`)."""
     max_queue: int = 512
     """Most features waiting (or, in passthrough, in flight); beyond it requests are rejected at once."""
     max_concurrency: int = 1
@@ -122,6 +125,8 @@ class BatchConfig:
         for name in ("max_batch_size", "max_batch_tokens", "max_queue", "max_concurrency", "width_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.call_overhead_tokens < 0:
+            raise ValueError(f"call_overhead_tokens must be >= 0, got {self.call_overhead_tokens}")
         if self.max_consecutive_failures < 0:
             raise ValueError(f"max_consecutive_failures must be >= 0, got {self.max_consecutive_failures}")
         if self.max_wait_s < 0:
@@ -625,9 +630,11 @@ class Batcher:
         first features in fair order) around the first feature in fair order (`_Item.tag`: the oldest, but a request
         that came behind a long one's features goes before the rest of them).
 
-        The window grows towards the neighbour closer in length while the batch stays within the row limit, the
-        token budget, the stretch limit, and the optional padding limit (padded tokens <= (1 + max_padding) x real
-        tokens). The first feature is taken whatever its width. With `priority` (short requests are coming): a batch
+        The batch is the run of neighbours in length around that feature that costs least per real token: a call
+        costs `call_overhead_tokens` plus its padded tokens (rows x padded width), so similar lengths batch fully
+        and a run whose padding would cost more than another call is cut short. It stays within the row limit, the
+        token budget, the stretch limit and the optional padding limit (padded tokens <= (1 + max_padding) x real
+        tokens); the first feature is taken whatever its width. With `priority` (short requests are coming): a batch
         around a short request's feature holds short requests' features only, and one around bulk work at most
         `priority.long_tokens` padded tokens, so that short requests wait on little compute. `short_only`: the batch
         is cut from short requests' features only (some must wait).
@@ -644,15 +651,26 @@ class Batcher:
         elif priority is not None:
             budget = min(budget, priority.long_tokens)
         ordered = sorted(candidates, key=lambda item: (item.length, item.arrival))
-        anchor = ordered.index(first)
-        low, high = anchor, anchor  # inclusive window in `ordered`
-        longest, real = first.length, first.length
-        while high - low + 1 < self.config.max_batch_size:
-            grown = self._grow(ordered, low, high, longest, real, budget)
-            if grown is None:
-                break
-            low, high, longest, real = grown
+        low, high = self._cheapest_run([item.length for item in ordered], ordered.index(first), budget)
         return ordered[low : high + 1]
+
+    def _cheapest_run(self, lengths: list[int], anchor: int, budget: int) -> tuple[int, int]:
+        """The inclusive range [low, high] of the sorted `lengths` around `anchor` with the least cost per real
+        token (ties: more rows) among those within the limits; (anchor, anchor) when no other is."""
+        rows_limit = self.config.max_batch_size
+        overhead = self.config.call_overhead_tokens
+        best, best_cost = (anchor, anchor), float("inf")
+        for low in range(max(0, anchor - rows_limit + 1), anchor + 1):
+            real = sum(lengths[low:anchor])
+            for high in range(anchor, min(len(lengths), low + rows_limit)):
+                real += lengths[high]
+                rows = high - low + 1
+                if rows > 1 and not self._fits(rows, lengths[high], real, lengths[low], budget):
+                    break  # a longer run only adds rows and width
+                cost = (overhead + rows * self._width(lengths[high])) / real
+                if cost < best_cost - 1e-12 or (abs(cost - best_cost) <= 1e-12 and rows > best[1] - best[0] + 1):
+                    best, best_cost = (low, high), cost
+        return best
 
     def _remove_batch(self, batch: list[_Item]) -> list[_Item]:
         """Remove a cut batch from the queue; the virtual time moves on (`_Item.tag`)."""
@@ -661,32 +679,6 @@ class Batcher:
         self._pending = [item for item in self._pending if id(item) not in taken]
         self._notify_depth()
         return batch
-
-    def _grow(
-        self, ordered: list[_Item], low: int, high: int, longest: int, real: int, budget: int
-    ) -> tuple[int, int, int, int] | None:
-        rows = high - low + 2
-        left = ordered[low - 1] if low > 0 else None
-        right = ordered[high + 1] if high + 1 < len(ordered) else None
-        shortest = ordered[low].length
-        left_ok = left is not None and self._fits(rows, longest, real + left.length, left.length, budget)
-        right_ok = right is not None and self._fits(
-            rows, max(longest, right.length), real + right.length, shortest, budget
-        )
-        if left_ok and right_ok:
-            assert left is not None and right is not None
-            # the neighbour closer in length to the window adds less padding
-            if longest - left.length <= right.length - longest:
-                right_ok = False
-            else:
-                left_ok = False
-        if left_ok:
-            assert left is not None
-            return low - 1, high, longest, real + left.length
-        if right_ok:
-            assert right is not None
-            return low, high + 1, max(longest, right.length), real + right.length
-        return None
 
     def _fits(self, rows: int, longest: int, real: int, shortest: int, budget: int) -> bool:
         width = self._width(longest)

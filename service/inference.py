@@ -19,12 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
+
 from bert_model.tasks.features import Feature, padded_width
 from bert_model.tasks.ner import AGGREGATION_STRATEGIES
+from bert_model.tokenization import pad_rows
 from service.admission import BoundedExecutor, Door, QueueReservations
 from service.backend import Backend
 from service.batcher import BatchConfig, Batcher, LongBatchGate
 from service.bundles import ServingBundle, find_bundles, open_bundle
+from service.call_cost import PROBE_WIDTH, measure_overhead_tokens
 from service.errors import BackendUnavailable, InvalidInput, NotReady, Overloaded, ServiceError, UnknownModel
 from service.metrics import ServiceMetrics
 from service.pipelines import FillMaskPipeline, Pipeline, make_pipeline
@@ -164,6 +168,8 @@ class InferenceService:
         for model in self.models.values():
             for _ in range(self.settings.warmup_rounds):
                 await self._warm_up(model)
+            if self.settings.warmup_rounds:
+                await self._measure_call_cost(model)
         self.state.ready = True
         self.metrics.ready.set(1)
 
@@ -317,8 +323,25 @@ class InferenceService:
         width = padded_width(model.pipeline.max_seq_length, config.width_multiple, config.max_width)
         rows = max(1, min(config.max_batch_size, config.max_batch_tokens // width))
         deadline = time.perf_counter() + max(self.settings.request_timeout_s, 60.0)
-        await model.batcher.submit(model.pipeline.largest_batch(rows), deadline)
+        await model.batcher.submit(model.pipeline.filler_batch(rows), deadline)
         log.info("warmed up", extra={"model": model.name, "ms": round((time.perf_counter() - start) * 1000, 1)})
+
+    async def _measure_call_cost(self, model: LoadedModel) -> None:
+        """The backend's fixed cost per call in tokens (`service.call_cost`), which the batcher weighs against
+        padding; kept at its default where the backend batches itself or batches hold one row."""
+        config = model.batcher.config
+        if config.passthrough or config.max_batch_size < 2:
+            return
+        width = min(PROBE_WIDTH, model.pipeline.max_seq_length)
+        pipeline, pad_id = model.pipeline, model.bundle.tokenizer.pad_id
+
+        def feed(rows: int) -> dict[str, np.ndarray]:
+            features = pipeline.filler_batch(rows, width)
+            return pad_rows([f.input_ids for f in features], [f.token_type_ids for f in features], width, pad_id)
+
+        rows = min(config.max_batch_size, max(2, config.max_batch_tokens // width))
+        config.call_overhead_tokens = await measure_overhead_tokens(model.backend.infer, feed, rows, width)
+        log.info("call cost", extra={"model": model.name, "overhead_tokens": config.call_overhead_tokens})
 
     async def close(self) -> None:
         """Stop batchers (finishing running batches) and release backends; nothing here blocks the event loop

@@ -159,11 +159,13 @@ class Pipeline:
     def warmup_input(self) -> Any:
         raise NotImplementedError
 
-    def largest_batch(self, rows: int) -> list[Feature]:
-        """`rows` features of the longest window this pipeline builds (`[CLS] the the ... [SEP]`): a warm-up batch of
-        the largest shape, after which the runtime's memory is at its working size."""
+    def filler_batch(self, rows: int, width: int | None = None) -> list[Feature]:
+        """`rows` features of `width` tokens (default the longest window this pipeline builds), `[CLS] the the ...
+        [SEP]`: warm-up batches of a given shape (the largest, after which the runtime's memory is at its working
+        size; the probes of `service.call_cost`)."""
+        width = self.max_seq_length if width is None else width
         filler = self.tokenizer.token_to_id("the") or self.tokenizer.cls_id
-        ids = [self.tokenizer.cls_id] + [filler] * (self.max_seq_length - 2) + [self.tokenizer.sep_id]
+        ids = [self.tokenizer.cls_id] + [filler] * (width - 2) + [self.tokenizer.sep_id]
         return [Feature(index, list(ids), [0] * len(ids)) for index in range(rows)]
 
 
@@ -376,9 +378,9 @@ class FillMaskPipeline(Pipeline):
         # M <= the padded length: bounding the padded tokens bounds the (B, M, V) output
         self.max_batch_tokens = max(self.max_seq_length, FILL_MASK_OUTPUT_BYTES // (4 * self.tokenizer.vocab_size))
 
-    def largest_batch(self, rows: int) -> list[Feature]:
-        """As `Pipeline.largest_batch`, each row with one mask token (the graph scores mask tokens only)."""
-        features = super().largest_batch(rows)
+    def filler_batch(self, rows: int, width: int | None = None) -> list[Feature]:
+        """As `Pipeline.filler_batch`, each row with one mask token (the graph scores mask tokens only)."""
+        features = super().filler_batch(rows, width)
         mask_id = mask_token_id(self.tokenizer, self.mask_token)
         for feature in features:
             feature.input_ids[1] = mask_id

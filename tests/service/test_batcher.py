@@ -73,7 +73,9 @@ def test_64_concurrent_requests_share_few_backend_calls_with_identical_results()
 
     async def go(batching: bool) -> tuple[list, int]:
         backend = FakeBackend(delay=0.005)
-        config = {"max_batch_size": 32, "max_wait_s": 0.005} if batching else {"max_batch_size": 1, "max_wait_s": 0}
+        # a call costs more than any padding here: batches fill (the cost of padding: test_cheapest_run...)
+        config = {"max_batch_size": 32, "max_wait_s": 0.005, "call_overhead_tokens": 10_000} if batching else {
+            "max_batch_size": 1, "max_wait_s": 0}  # fmt: skip
         batcher = make(backend, **config)
         await batcher.start()
         deadline = time.perf_counter() + 10
@@ -116,7 +118,7 @@ def test_batch_window_cuts_batches_from_the_oldest_features(window: int | None, 
 
     async def go() -> list[tuple[int, int]]:
         backend = FakeBackend(delay=0.05)
-        batcher = make(backend, max_batch_size=4, max_wait_s=0, window=window)
+        batcher = make(backend, max_batch_size=4, max_wait_s=0, window=window, call_overhead_tokens=10_000)
         await batcher.start()
         deadline = time.perf_counter() + 10
         blocker = asyncio.create_task(batcher.submit([feat(7, 99)], deadline))
@@ -570,3 +572,21 @@ def test_delivered_rows_are_views_of_the_batch_outputs() -> None:
         (row,) = result.outputs
         assert np.shares_memory(row["logits"], returned[0]["logits"])
         assert np.shares_memory(row["tokens"], returned[0]["tokens"]) and row["tokens"].shape[0] == 3 + i
+
+
+def test_cheapest_run_cuts_where_padding_costs_more_than_a_call() -> None:
+    """Around the anchor the batch is the run of sorted lengths with the least (overhead + padded) per real token."""
+    batcher = make(FakeBackend(), max_batch_size=8, call_overhead_tokens=16)
+    lengths = [10, 10, 10, 11, 12, 40, 41, 42]
+    # the 10s batch together; padding them to 40 costs more than a call of the 40s of their own
+    assert batcher._cheapest_run(lengths, 0, 16384) == (0, 4)
+    assert batcher._cheapest_run(lengths, 6, 16384) == (5, 7)
+    # a call that costs nothing: each row alone pads nothing
+    free = make(FakeBackend(), max_batch_size=8, call_overhead_tokens=0)
+    assert free._cheapest_run([10, 20, 30], 1, 16384) == (1, 1)
+    # a call that costs more than any padding: the batch fills, within the token budget
+    dear = make(FakeBackend(), max_batch_size=8, call_overhead_tokens=10_000)
+    assert dear._cheapest_run(lengths, 0, 16384) == (0, 7)
+    assert dear._cheapest_run(lengths, 0, 8 * 12) == (0, 4)  # 5 rows x 12 <= 96 < 6 x 40
+    with pytest.raises(ValueError, match="call_overhead_tokens"):
+        BatchConfig(call_overhead_tokens=-1)

@@ -63,12 +63,12 @@ def test_a_short_request_behind_a_long_one_goes_next_and_alone() -> None:
 
 
 def test_the_stretch_limit_keeps_short_rows_out_of_batches_of_long_rows() -> None:
-    """Rows of 10 and 200 tokens queued together: no call pads a 10 to 200 (2 x 10 + 64 < 200); without the limit
-    they share calls."""
+    """Rows of 10 and 200 tokens queued together, a call costing more than any padding: no call pads a 10 to 200
+    (2 x 10 + 64 < 200); without the limit they share calls."""
 
     async def go(stretch: float | None) -> list[tuple[int, int]]:
         backend = FakeBackend(delay=0.02)
-        batcher = _batcher(backend, max_batch_size=8, max_wait_s=0, max_stretch=stretch)
+        batcher = _batcher(backend, max_batch_size=8, max_wait_s=0, max_stretch=stretch, call_overhead_tokens=100_000)
         await batcher.start()
         deadline = time.perf_counter() + 10
         blocker = asyncio.ensure_future(batcher.submit([feat(7, 98)], deadline))

@@ -87,6 +87,8 @@ def test_warm_up_runs_one_batch_of_the_largest_shape_per_model(
         service = InferenceService(settings)
         try:
             await service.load()
+            # the call cost was measured on each backend and handed to its batcher
+            assert all(0 <= m.batcher.config.call_overhead_tokens <= 256 for m in service.models.values())
             return {name: (model.batcher.config.max_batch_size, model.pipeline.max_seq_length)
                     for name, model in service.models.items()}  # fmt: skip
         finally:
@@ -96,4 +98,4 @@ def test_warm_up_runs_one_batch_of_the_largest_shape_per_model(
     assert set(shapes) == set(largest) and len(largest) == 5
     for name, (rows, width) in largest.items():
         expected = (max(1, min(rows, 512 // width)), width)
-        assert shapes[name][-1] == expected, (name, shapes[name])
+        assert expected in shapes[name], (name, shapes[name])
