@@ -71,14 +71,14 @@ def embedding_postprocess(
     *,
     normalize: bool = True,
     dimensions: int | None = None,
-) -> dict[int, list[float]]:
-    """Per request index: its sentence vector. One feature per input (no windows); each output row is that
-    feature's (H,) pooled vector (the graph's `pooled_embedding`) and, when given, its L2-normalized copy
-    (`normalized_embedding`, else normalized here). The normalized vector unless `normalize` is false (the pooled
-    one); with `dimensions`, the pooled vector's first `dimensions` components, renormalized."""
+) -> dict[int, np.ndarray]:
+    """Per request index: its sentence vector, float32 (H,) or (dimensions,). One feature per input (no windows);
+    each output row is that feature's (H,) pooled vector (the graph's `pooled_embedding`) and, when given, its
+    L2-normalized copy (`normalized_embedding`, else normalized here). The normalized vector unless `normalize` is
+    false (the pooled one); with `dimensions`, the pooled vector's first `dimensions` components, renormalized."""
     if len(features) != len(pooled) or (normalized is not None and len(normalized) != len(pooled)):
         raise ValueError(f"{len(pooled)} output rows for {len(features)} features")
-    results: dict[int, list[float]] = {}
+    results: dict[int, np.ndarray] = {}
     for index, (feature, output) in enumerate(zip(features, pooled, strict=True)):
         vector = np.asarray(output, dtype=np.float32)
         if vector.ndim != 1:
@@ -87,5 +87,5 @@ def embedding_postprocess(
             vector = truncate_dimensions(vector, dimensions)  # unit length whatever `normalize` says
         elif normalize:
             vector = l2_normalize(vector) if normalized is None else np.asarray(normalized[index], np.float32)
-        results[feature.request_index] = vector.tolist()
+        results[feature.request_index] = vector
     return results

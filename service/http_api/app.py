@@ -37,6 +37,7 @@ from service.http_api.middleware import (
 )
 from service.http_api.openapi import describe_server
 from service.http_api.playground import add_playground_routes
+from service.http_api.rendering import task_response
 from service.http_api.schemas import (
     Answer,
     ClassifyRequest,
@@ -49,7 +50,7 @@ from service.http_api.schemas import (
     QARequest,
     TextPair,
 )
-from service.inference import RESPONSE_HEADERS, InferenceService, Outcome
+from service.inference import RESPONSE_HEADERS, InferenceService
 from service.metrics import CONTENT_TYPE, ServiceMetrics
 from service.settings import ServiceSettings
 from service.task_inputs import ClassifyInput, NERInput, QAInput
@@ -233,10 +234,6 @@ def _timeout(request: Request) -> float | None:
     return milliseconds / 1000
 
 
-def _respond(response: Response, outcome: Outcome) -> None:
-    response.headers.update(outcome.headers())
-
-
 def _add_routes(app: FastAPI) -> None:
     # the security scheme appears in OpenAPI (and is enforced) only when the server has an API key
     secured = [Depends(_require_key)] if app.state.settings.api_key is not None else []
@@ -248,7 +245,7 @@ def _add_routes(app: FastAPI) -> None:
         dependencies=secured,
         tags=["tasks"],
     )
-    async def classify(body: ClassifyRequest, request: Request, response: Response) -> Any:
+    async def classify(body: ClassifyRequest, request: Request) -> Any:
         """Classify texts or text pairs: `[{label, score}]` per input, best first."""
         single = not isinstance(body.inputs, list)
         items: list[str | TextPair] = list(body.inputs) if isinstance(body.inputs, list) else [body.inputs]
@@ -259,8 +256,7 @@ def _add_routes(app: FastAPI) -> None:
             function_to_apply=body.function_to_apply,
         )
         outcome = await _service(request).classify(task_input, model=body.model, timeout_s=_timeout(request))
-        _respond(response, outcome)
-        return outcome.results[0] if single else outcome.results
+        return task_response(outcome.results[0] if single else outcome.results, outcome)
 
     @app.post(
         "/qa",
@@ -269,7 +265,7 @@ def _add_routes(app: FastAPI) -> None:
         dependencies=secured,
         tags=["tasks"],
     )
-    async def qa(body: QARequest, request: Request, response: Response) -> Any:
+    async def qa(body: QARequest, request: Request) -> Any:
         """Extract answers `{answer, score, start, end}` (character offsets into the context)."""
         single = body.inputs is None
         pairs = [(body.question, body.context)] if single else [(p.question, p.context) for p in body.inputs or []]
@@ -283,9 +279,8 @@ def _add_routes(app: FastAPI) -> None:
             truncate=body.truncate,
         )
         outcome = await _service(request).qa(task_input, model=body.model, timeout_s=_timeout(request))
-        _respond(response, outcome)
         shaped = [(answers or [NO_ANSWER])[0] if body.top_k == 1 else answers for answers in outcome.results]
-        return shaped[0] if single else shaped
+        return task_response(shaped[0] if single else shaped, outcome)
 
     @app.post(
         "/ner",
@@ -294,14 +289,13 @@ def _add_routes(app: FastAPI) -> None:
         dependencies=secured,
         tags=["tasks"],
     )
-    async def ner(body: NERRequest, request: Request, response: Response) -> Any:
+    async def ner(body: NERRequest, request: Request) -> Any:
         """Find entities `{entity_group, score, word, start, end}` (character offsets into the text)."""
         single = isinstance(body.inputs, str)
         texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
         task_input = NERInput(texts=texts, aggregation_strategy=body.aggregation_strategy, truncate=body.truncate)
         outcome = await _service(request).ner(task_input, model=body.model, timeout_s=_timeout(request))
-        _respond(response, outcome)
-        return outcome.results[0] if single else outcome.results
+        return task_response(outcome.results[0] if single else outcome.results, outcome)
 
     add_encoder_routes(app, secured, ERROR_RESPONSES, _timeout)
 

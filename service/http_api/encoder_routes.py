@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request
 
 from service.http_api.encoder_schemas import (
     EmbedRequest,
@@ -22,6 +22,7 @@ from service.http_api.encoder_schemas import (
     OpenAIEmbeddingsRequest,
     OpenAIEmbeddingsResponse,
 )
+from service.http_api.rendering import task_response
 from service.inference import InferenceService, Outcome
 from service.task_inputs import EmbedInput, FillMaskInput
 
@@ -36,20 +37,18 @@ def add_encoder_routes(
     router = APIRouter(dependencies=list(dependencies), responses=responses, tags=["encoder"])
 
     @router.post("/embed", response_model=list[list[float]])
-    async def embed(body: EmbedRequest, request: Request, response: Response) -> Any:
+    async def embed(body: EmbedRequest, request: Request) -> Any:
         """Embed texts (text-embeddings-inference's /embed): one vector per input, also for a single text."""
         outcome = await _embed(request, body.inputs, body.normalize, body.dimensions, body.truncate, body.model)
-        _respond(response, outcome)
-        return [result["embedding"] for result in outcome.results]
+        return task_response([result["embedding"] for result in outcome.results], outcome)
 
     @router.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse)
-    async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request, response: Response) -> Any:
+    async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> Any:
         """Embed texts (OpenAI's embeddings API): vectors as floats or base64 float32, with token usage."""
         outcome = await _embed(request, body.input, None, body.dimensions, body.truncate, body.model, field="input")
-        _respond(response, outcome)
         tokens = sum(result["tokens"] for result in outcome.results)
         encode = _base64 if body.encoding_format == "base64" else _floats
-        return {
+        content = {
             "object": "list",
             "data": [
                 {"object": "embedding", "embedding": encode(result["embedding"]), "index": index}
@@ -58,13 +57,14 @@ def add_encoder_routes(
             "model": outcome.model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
+        return task_response(content, outcome)
 
     @router.post(
         "/fill-mask",
         # one text: its fills (one mask) or a list of them (several); a list of texts: one of those per text
         response_model=list[FillMaskResult] | list[list[FillMaskResult] | list[list[FillMaskResult]]],
     )
-    async def fill_mask(body: FillMaskRequest, request: Request, response: Response) -> Any:
+    async def fill_mask(body: FillMaskRequest, request: Request) -> Any:
         """Fill the mask tokens: `[{score, token, token_str, sequence}]` per mask (a list of lists for several)."""
         single = isinstance(body.inputs, str)
         targets = [body.targets] if isinstance(body.targets, str) else body.targets
@@ -75,9 +75,8 @@ def add_encoder_routes(
             truncate=body.truncate,
         )
         outcome = await _service(request).fill_mask(task_input, model=body.model, timeout_s=timeout(request))
-        _respond(response, outcome)
         shaped = [masks[0] if len(masks) == 1 else masks for masks in outcome.results]
-        return shaped[0] if single else shaped
+        return task_response(shaped[0] if single else shaped, outcome)
 
     async def _embed(
         request: Request,
@@ -104,14 +103,10 @@ def _service(request: Request) -> InferenceService:
     return service
 
 
-def _respond(response: Response, outcome: Outcome) -> None:
-    response.headers.update(outcome.headers())
-
-
-def _floats(vector: list[float]) -> list[float]:
+def _floats(vector: np.ndarray) -> np.ndarray:
     return vector
 
 
-def _base64(vector: list[float]) -> str:
+def _base64(vector: np.ndarray) -> str:
     """OpenAI's base64 encoding: the vector's little-endian float32 bytes."""
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")

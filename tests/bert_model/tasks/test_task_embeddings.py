@@ -75,7 +75,9 @@ def test_postprocess_one_vector_per_request_in_order() -> None:
     assert sorted(out) == [0, 2]
     np.testing.assert_allclose(out[2], l2_normalize(pooled[2:3])[0], rtol=1e-6)
     marked = [np.full(8, 0.5, np.float32), np.full(8, 0.25, np.float32)]  # the graph's normalized rows, as given
-    assert embedding_postprocess(features, rows, marked) == {2: [0.5] * 8, 0: [0.25] * 8}
+    given = embedding_postprocess(features, rows, marked)
+    assert {index: vector.tolist() for index, vector in given.items()} == {2: [0.5] * 8, 0: [0.25] * 8}
+    assert all(vector.dtype == np.float32 for vector in given.values())  # float32 arrays, not lists of floats
     raw = embedding_postprocess(features, rows, marked, normalize=False)
     np.testing.assert_array_equal(raw[0], pooled[0])
     cut = embedding_postprocess(features, rows, marked, dimensions=4)  # from the pooled vector
