@@ -13,5 +13,10 @@ from export.cli import register
 app = typer.Typer(name="python -m export", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 register(app)
 
+
+@app.callback()
+def _group() -> None:
+    """Keep `export` a subcommand: typer runs a lone command without its name, which the image's build calls."""
+
 if __name__ == "__main__":
     app()

@@ -74,3 +74,17 @@ def test_export_command_takes_an_eval_set_and_a_guard_limit(
     assert "'metric': 'squad_f1'" in result.output
     missing = runner.invoke(app, [*command, "--eval-data", str(tmp_path / "none.json")])
     assert missing.exit_code != 0 and "none.json does not exist" in missing.output
+
+
+def test_python_m_export_takes_the_export_subcommand_as_the_image_build_calls_it(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The serving image's bundle stage runs `python -m export export NAME --out ...`."""
+    from export.__main__ import app
+
+    out = tmp_path / "b"
+    result = CliRunner().invoke(
+        app, ["export", str(tiny_models["classify"]), "--out", str(out), "--variants", "cpu-fp32", "--max-seq-len", "64"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (out / "manifest.json").is_file()
