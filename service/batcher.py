@@ -475,22 +475,22 @@ class Batcher:
         return await self._await(request)
 
     async def _await(self, request: _Request) -> BatchResult:
+        # At the deadline a timer cancels the request's future (one timer handle: no Timeout context, no shield).
+        # A cancelled future whose awaiting task was not itself cancelled is a deadline, passed in the queue or
+        # in the call; a cancelled task is a caller that went away, and awaiting the future directly cancels it
+        # with the task, so its features are dropped before compute.
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(request.deadline - time.perf_counter(), self._expire, request)
         try:
-            async with asyncio.timeout(request.deadline - time.perf_counter()):
-                # shield: a timeout must not cancel the future before we mark the request as dead
-                return await asyncio.shield(request.future)
-        except TimeoutError:
-            self._expire(request)
-            self._notify_rejected("deadline")
-            raise DeadlineExceeded(self._deadline_message(request, time.perf_counter())) from None
+            return await request.future
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
-                request.future.cancel()  # the caller went away: its features are dropped before compute
                 raise
-            # the batcher expired it (deadline passed while queued)
             self._notify_rejected("deadline")
             raise DeadlineExceeded(self._deadline_message(request, time.perf_counter())) from None
+        finally:
+            timer.cancel()
 
     def _deadline_message(self, request: _Request, now: float) -> str:
         waited_ms = (now - request.submitted) * 1000

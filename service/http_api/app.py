@@ -27,7 +27,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import Internal, InvalidInput, InvalidJson, ServiceError, Unauthenticated
-from service.http_api.drain import DrainMiddleware
 from service.http_api.encoder_routes import add_encoder_routes
 from service.http_api.middleware import (
     SERVER_HEADERS,
@@ -115,8 +114,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         timeout_s=settings.body_timeout_s,
         metrics=metrics,
     )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-    app.add_middleware(DrainMiddleware, state=app.state.service.state)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, state=app.state.service.state)
     _add_routes(app)
     if settings.playground:
         add_playground_routes(app)

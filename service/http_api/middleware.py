@@ -1,5 +1,5 @@
 """Pure ASGI middleware: the door (requests receiving, then at work) with the request body's size and time
-limits, request metrics + access log; the HTTP error response.
+limits, request metrics + access log + the drain's `Connection: close`; the HTTP error response.
 
 `AdmissionMiddleware` counts a request in the service's door (`service.admission.Door`, shared with gRPC) in two
 steps. On its arrival (its headers), among the requests receiving their body: beyond that bound 429 at once. It
@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.admission import Door, Ticket
 from service.errors import PayloadTooLarge, ServiceError, http_status
+from service.inference import ServiceState
 from service.metrics import ServiceMetrics
 
 log = logging.getLogger("service.http")
@@ -180,11 +181,19 @@ def _content_length(scope: Scope) -> int | None:
 
 
 class MetricsMiddleware:
-    """Count requests by route template and status, observe latency, and log one JSON line per request."""
+    """Count requests by route template and status, observe latency, log one JSON line per request, and add the
+    request id and server time to every response; while `state.draining`, `Connection: close` as well.
 
-    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+    The drain's `Connection: close` (after SIGTERM, see service/runner.py): a keep-alive client that gets it closes
+    that connection itself and opens a new one for its next request, so no idle connection is left for the server
+    to close under a request already on its way (which the client would see as a reset with no response).
+    Reference: RFC 9112 section 9.6 (tear-down). One wrapper of `send` for both: each costs the event loop a call
+    per message."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics, state: ServiceState | None = None) -> None:
         self.app = app
         self.metrics = metrics
+        self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -192,15 +201,18 @@ class MetricsMiddleware:
             return
         start = time.perf_counter()
         status = 500
-        request_id = _header(scope, REQUEST_ID_HEADER.encode()) or new_request_id()
+        request_id = _header(scope, _REQUEST_ID) or new_request_id()
 
         async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
                 server_ms = f"{(time.perf_counter() - start) * 1000:.3f}".encode()
-                extra = [(REQUEST_ID_HEADER.encode(), request_id.encode()), (SERVER_TIME_HEADER.encode(), server_ms)]
-                message["headers"] = [*message.get("headers", []), *extra]
+                headers = [*message.get("headers", []), (_REQUEST_ID, request_id.encode()), (_SERVER_TIME, server_ms)]
+                if self.state is not None and self.state.draining:
+                    headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
+                    headers.append((b"connection", b"close"))
+                message["headers"] = headers
             await send(message)
 
         try:
@@ -209,7 +221,7 @@ class MetricsMiddleware:
             elapsed = time.perf_counter() - start
             route = _route_template(scope)
             self.metrics.observe_request("http", route, str(status), elapsed)
-            if route not in ("/metrics", "/health/live", "/health/ready"):
+            if route not in _UNLOGGED_ROUTES:
                 log.info(
                     "request",
                     extra={
@@ -220,6 +232,11 @@ class MetricsMiddleware:
                         "request_id": request_id,
                     },
                 )
+
+
+_REQUEST_ID = REQUEST_ID_HEADER.encode()
+_SERVER_TIME = SERVER_TIME_HEADER.encode()
+_UNLOGGED_ROUTES = frozenset({"/metrics", "/health/live", "/health/ready"})
 
 
 def _route_template(scope: Scope) -> str:
