@@ -1,18 +1,26 @@
-"""What one backend call costs beyond its tokens, measured on the running backend at warm-up.
+"""What one backend call costs beyond its tokens, and whether rounding its width up pays, measured on the running
+backend at warm-up.
 
 A call of `rows` x `width` padded tokens takes about `fixed + per_token x rows x width`. The batcher cuts a batch
 where padding one more row would cost more than a call of its own (`BatchConfig.call_overhead_tokens`), so it needs
 `fixed / per_token`: the call's fixed cost in tokens' worth of compute. It differs by runtime (ONNX Runtime, OpenVINO,
 a remote Triton), by graph and by CPU, so it is measured on the variant being served: one row and `rows` rows of the
 same width, timed alternately, medians taken (other processes on the machine make single timings noisy).
+
+Some runtimes run a width that is a multiple of their kernels' block (OpenVINO's CPU plugin: 16) faster than the
+widths just below it, so padding a batch up to that multiple can cost less than its longest row; whether it does
+depends on the CPU (the blocks of AMX and VNNI kernels) and the graph. `measure_width_multiple` times batches of
+widths between two multiples against the same batches rounded up, and keeps the multiple only where the rounded
+ones are not slower; else each batch is padded to its longest row.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -52,3 +60,40 @@ async def measure_overhead_tokens(
             await infer(inputs)
             times.append(time.perf_counter() - start)
     return overhead_tokens(statistics.median(ones), statistics.median(manys), rows, width)
+
+
+WIDTH_PROBES = (20, 28, 36, 44, 52, 60)
+"""Widths timed against the multiple above them: short sentences' widths, spread over each gap between multiples
+of 16 (a real batch's longest row falls anywhere in it)."""
+WIDTH_PROBE_ROWS = 8
+
+
+async def measure_width_multiple(
+    infer: Infer,
+    feed: Callable[[int, int, int], dict[str, np.ndarray]],
+    multiple: int,
+    rows: int = WIDTH_PROBE_ROWS,
+    widths: Sequence[int] = WIDTH_PROBES,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[int, float]:
+    """`multiple` if batches rounded up to it run no slower than the same batches at their own width on the backend
+    behind `infer`, else 1; with the median ratio of (rounded / own width) call times. `feed(rows, tokens, width)`:
+    the inputs of a call of `rows` rows of `tokens` tokens padded to `width`."""
+    if multiple <= 1:
+        return 1, 1.0
+    ratios: list[float] = []
+    for width in widths:
+        rounded = math.ceil(width / multiple) * multiple
+        if rounded == width:
+            continue
+        own_times: list[float] = []
+        rounded_times: list[float] = []
+        own, up = feed(rows, width, width), feed(rows, width, rounded)
+        for _ in range(PROBE_ROUNDS):
+            for inputs, times in ((own, own_times), (up, rounded_times)):
+                start = clock()
+                await infer(inputs)
+                times.append(clock() - start)
+        ratios.append(statistics.median(rounded_times) / statistics.median(own_times))
+    ratio = statistics.median(ratios) if ratios else 1.0
+    return (multiple if ratio <= 1.0 else 1), ratio

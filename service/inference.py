@@ -28,7 +28,7 @@ from service.admission import BoundedExecutor, Door, QueueReservations
 from service.backend import Backend
 from service.batcher import BatchConfig, Batcher, LongBatchGate
 from service.bundles import ServingBundle, find_bundles, open_bundle
-from service.call_cost import PROBE_WIDTH, measure_overhead_tokens
+from service.call_cost import PROBE_WIDTH, WIDTH_PROBE_ROWS, measure_overhead_tokens, measure_width_multiple
 from service.errors import BackendUnavailable, InvalidInput, NotReady, Overloaded, ServiceError, UnknownModel
 from service.metrics import ServiceMetrics
 from service.pipelines import FillMaskPipeline, Pipeline, make_pipeline
@@ -328,7 +328,8 @@ class InferenceService:
 
     async def _measure_call_cost(self, model: LoadedModel) -> None:
         """The backend's fixed cost per call in tokens (`service.call_cost`), which the batcher weighs against
-        padding; kept at its default where the backend batches itself or batches hold one row."""
+        padding, and whether rounding widths up to the backend's preferred multiple pays on this CPU (unless
+        `pad_multiple` is set); kept at their defaults where the backend batches itself or batches hold one row."""
         config = model.batcher.config
         if config.passthrough or config.max_batch_size < 2:
             return
@@ -341,7 +342,26 @@ class InferenceService:
 
         rows = min(config.max_batch_size, max(2, config.max_batch_tokens // width))
         config.call_overhead_tokens = await measure_overhead_tokens(model.backend.infer, feed, rows, width)
-        log.info("call cost", extra={"model": model.name, "overhead_tokens": config.call_overhead_tokens})
+        ratio = None
+        if self.settings.pad_multiple is None and config.width_multiple > 1:
+
+            def feed_width(rows: int, tokens: int, width: int) -> dict[str, np.ndarray]:
+                features = pipeline.filler_batch(rows, tokens)
+                return pad_rows([f.input_ids for f in features], [f.token_type_ids for f in features], width, pad_id)
+
+            probe_rows = min(config.max_batch_size, WIDTH_PROBE_ROWS)
+            config.width_multiple, ratio = await measure_width_multiple(
+                model.backend.infer, feed_width, config.width_multiple, probe_rows
+            )
+        log.info(
+            "call cost",
+            extra={
+                "model": model.name,
+                "overhead_tokens": config.call_overhead_tokens,
+                "width_multiple": config.width_multiple,
+                "rounded_width_time_ratio": None if ratio is None else round(ratio, 3),
+            },
+        )
 
     async def close(self) -> None:
         """Stop batchers (finishing running batches) and release backends; nothing here blocks the event loop

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import numpy as np
+import pytest
 
-from service.call_cost import MAX_OVERHEAD_TOKENS, measure_overhead_tokens, overhead_tokens
+from service.call_cost import MAX_OVERHEAD_TOKENS, measure_overhead_tokens, measure_width_multiple, overhead_tokens
 
 
 def test_overhead_tokens_from_two_timings() -> None:
@@ -34,3 +36,62 @@ def test_measured_on_a_backend_whose_calls_cost_fixed_plus_per_token() -> None:
     assert 17 <= tokens <= 30, tokens
     assert set(shapes) == {(1, 32), (4, 32)}
     assert asyncio.run(measure_overhead_tokens(infer, feed, 1, 32)) == 0  # no batches: nothing to weigh
+
+
+class _Clock:
+    """A clock that a fake backend moves on by the time its call would take."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _fake_backend(clock: _Clock, seconds: Callable[[int], float]) -> Callable[..., Awaitable[dict[str, np.ndarray]]]:
+    async def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        clock.now += seconds(inputs["input_ids"].shape[1])
+        return {}
+
+    return infer
+
+
+def _feed(rows: int, tokens: int, width: int) -> dict[str, np.ndarray]:
+    ids = np.zeros((rows, width), dtype=np.int64)
+    ids[:, :tokens] = 1
+    return {"input_ids": ids}
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [
+        # every padded column costs: pad to the longest row
+        (lambda width: 1e-3 * width, 1),
+        # widths that are multiples of 16 run at 0.6 of the cost per column: rounding up pays
+        (lambda width: 1e-3 * width * (0.6 if width % 16 == 0 else 1.0), 16),
+        # a constant cost: rounding up is free, keep the multiple
+        (lambda width: 5e-3, 16),
+    ],
+)
+def test_the_width_multiple_is_kept_where_rounded_batches_run_no_slower(
+    seconds: Callable[[int], float], expected: int
+) -> None:
+    clock = _Clock()
+    multiple, ratio = asyncio.run(measure_width_multiple(_fake_backend(clock, seconds), _feed, 16, clock=clock))
+    assert multiple == expected, ratio
+    assert (ratio <= 1.0) == (expected == 16)
+
+
+def test_the_probes_pad_real_rows_up_to_the_multiple() -> None:
+    clock = _Clock()
+    shapes: list[tuple[int, int, int]] = []
+
+    async def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = inputs["input_ids"]
+        shapes.append((ids.shape[0], int(ids[0].sum()), ids.shape[1]))
+        clock.now += 1e-3
+        return {}
+
+    asyncio.run(measure_width_multiple(infer, _feed, 16, rows=4, widths=(20, 32), clock=clock))
+    assert set(shapes) == {(4, 20, 20), (4, 20, 32)}  # 32 is a multiple already: not probed
+    assert asyncio.run(measure_width_multiple(infer, _feed, 1, clock=clock)) == (1, 1.0)  # nothing to choose
