@@ -1,11 +1,12 @@
 """Run-over-run tracking: one JSON line per (run, target) in a history file, and the regression check.
 
 A run is compared with the previous run of the same profile (and shape: users and stage times), target and
-mix, or with a named baseline (a
-`--tag` given to an earlier run, or its run id). A regression is an accepted-request p99 that grew by more
-than `max_p99_increase` (a fraction: 0.25 = +25 %), or a throughput (ok/s) that fell by more than
-`max_rps_drop`. p99 is only judged when both runs have at least `MIN_P99_SAMPLES` accepted requests on that
-endpoint: a p99 of a few dozen requests is noise.
+mix on the same CPU (the machine's one-line CPU summary: speed differs between CPU models, so a run on another
+machine is no reference), or with a named baseline (a `--tag` given to an earlier run, or its run id; compared
+whatever its machine). A regression is an accepted-request p99 that grew by more than `max_p99_increase` (a
+fraction: 0.25 = +25 %), or a throughput (ok/s) that fell by more than `max_rps_drop`. p99 is only judged when
+both runs have at least `MIN_P99_SAMPLES` accepted requests on that endpoint (a p99 of a few dozen requests is
+noise), throughput when both have at least `MIN_RPS_SAMPLES` (the rate of a single probe request is its latency).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 MIN_P99_SAMPLES = 100
+MIN_RPS_SAMPLES = 20
 
 
 def history_record(
@@ -84,9 +86,10 @@ def find_reference(
     baseline: str | None = None,
     exclude_run: str | None = None,
     shape: str | None = None,
+    cpu: str | None = None,
 ) -> dict[str, Any] | None:
     """The record to compare with: the latest of `baseline` for this target, else the latest run of the same
-    profile, mix and (when given) shape."""
+    profile, mix and (when given) shape and CPU (`machine.cpu`; records without one do not match)."""
     candidates = [r for r in history if r.get("run_id") != exclude_run and r.get("target") == target]
     if baseline is not None:
         candidates = [r for r in candidates if baseline in (r.get("tag"), r.get("run_id"))]
@@ -94,6 +97,8 @@ def find_reference(
         candidates = [r for r in candidates if r.get("profile") == profile and r.get("mix") == mix]
         if shape is not None:
             candidates = [r for r in candidates if r.get("shape") == shape]
+        if cpu is not None:
+            candidates = [r for r in candidates if (r.get("machine") or {}).get("cpu") == cpu]
     return candidates[-1] if candidates else None
 
 
@@ -127,7 +132,7 @@ def compare(
     changes: list[Change] = []
     for name in [n for n in current if n in reference]:
         now, before = current[name], reference[name]
-        if before.get("ok_rps"):
+        if before.get("ok_rps") and min(now.get("ok", 0), before.get("ok", 0)) >= MIN_RPS_SAMPLES:
             change = now["ok_rps"] / before["ok_rps"] - 1.0
             changes.append(
                 Change(name, "ok_rps", before["ok_rps"], now["ok_rps"], change, -max_rps_drop, change < -max_rps_drop)

@@ -558,11 +558,14 @@ def evaluate_checks(profile: Profile, targets: dict[str, dict[str, Any]]) -> lis
     return checks
 
 
-def _regressions(plan: Plan, run_id: str, options: RunOptions, targets: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _regressions(
+    plan: Plan, run_id: str, options: RunOptions, targets: dict[str, dict[str, Any]], cpu: str
+) -> dict[str, Any]:
     result: dict[str, Any] = {}
+    shape = profile_shape(plan.profile)
     for label, target in targets.items():
         reference = find_reference(
-            plan.history, plan.profile.name, label, target["mix"], options.baseline, run_id, profile_shape(plan.profile)
+            plan.history, plan.profile.name, label, target["mix"], options.baseline, run_id, shape, cpu
         )
         if reference is None:
             result[label] = {
@@ -660,8 +663,8 @@ def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunRes
         "skipped_peers": plan.skipped,
         "comparison": peer_rows(targets),
         "checks": checks,
-        "regression": _regressions(plan, run_id, options, targets),
     }
+    summary["regression"] = _regressions(plan, run_id, options, targets, summary["machine"]["cpu"])
     write_outputs(run_dir, summary, samples)
     meta = {"git": summary["git"], "machine": summary["machine"], "shape": profile_shape(plan.profile)}
     records = [

@@ -39,6 +39,20 @@ def test_p99_needs_enough_samples() -> None:
     assert {c.metric for c in changes} == {"ok_rps"}
 
 
+def test_the_rate_of_a_lone_probe_request_is_not_judged() -> None:
+    assert compare(_figures(50.0, 20.0, ok=1), _figures(90.0, 5.0, ok=1), 0.25, 0.15) == []
+
+
+def test_the_previous_run_is_taken_from_the_same_cpu_and_a_named_baseline_from_any() -> None:
+    xeon, epyc = "Intel Xeon, 2 cores", "AMD EPYC (Zen 3), 2 cores"
+    history = [_record("r1", tag="v1"), _record("r2"), _record("r3")]
+    history[0]["machine"], history[1]["machine"], history[2]["machine"] = {"cpu": epyc}, {"cpu": xeon}, {"cpu": epyc}
+    assert find_reference(history, "smoke", "ours-batching", "/classify=1", cpu=xeon)["run_id"] == "r2"
+    assert find_reference(history, "smoke", "ours-batching", "/classify=1", cpu=epyc)["run_id"] == "r3"
+    assert find_reference(history, "smoke", "ours-batching", "/classify=1", cpu="ARM Neoverse") is None
+    assert find_reference(history, "smoke", "ours-batching", "/classify=1", baseline="v1", cpu=xeon)["run_id"] == "r1"
+
+
 def _record(run_id: str, profile: str = "smoke", target: str = "ours-batching", tag: str | None = None) -> dict:
     summary = {
         "endpoints": {
