@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import sys
 import threading
@@ -36,8 +35,8 @@ MAX_NAME_BYTES = 15
 def _prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    try:  # the process's own symbols, libc's among them: no library search (find_library runs ldconfig -p)
+        libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
     prctl: Callable[..., int] = libc.prctl

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,11 +52,24 @@ Feed = Mapping[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
 
 
+def without_openvino_telemetry() -> None:
+    """Keep OpenVINO's usage telemetry out of this process; call before openvino or nncf is first imported.
+
+    `import openvino` sends a usage event to Google Analytics unless the user opted out in ~/intel, and on Linux it
+    sends it from a forked child process (`multiprocessing`, fork start method) that it waits on for a second. A
+    server must not phone home, and a fork while gRPC's and the runtimes' threads run can deadlock the child or, in
+    gRPC's fork handlers, the server. openvino and nncf fall back to their own no-op telemetry when the
+    `openvino_telemetry` package does not import, which a `None` entry in `sys.modules` makes so. Without effect
+    once the package was imported."""
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+
+
 @functools.cache
 def openvino_available() -> bool:
     """Whether `openvino` imports (installed is not enough: a broken install fails only on import)."""
     if importlib.util.find_spec("openvino") is None:
         return False
+    without_openvino_telemetry()
     try:
         import openvino  # noqa: F401
     except Exception as error:  # a native library that fails to load raises more than ImportError
@@ -224,6 +238,7 @@ class OpenVinoVariant(OpenedVariant):
     def __init__(
         self, path: Path, runtime_options: Mapping[str, Any], output_names: Sequence[str], settings: RuntimeSettings
     ) -> None:
+        without_openvino_telemetry()
         try:
             import openvino as ov
         except ImportError as error:
