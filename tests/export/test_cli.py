@@ -84,7 +84,8 @@ def test_python_m_export_takes_the_export_subcommand_as_the_image_build_calls_it
 
     out = tmp_path / "b"
     result = CliRunner().invoke(
-        app, ["export", str(tiny_models["classify"]), "--out", str(out), "--variants", "cpu-fp32", "--max-seq-len", "64"]
+        app,
+        ["export", str(tiny_models["classify"]), "--out", str(out), "--variants", "cpu-fp32", "--max-seq-len", "64"],
     )
     assert result.exit_code == 0, result.output
     assert (out / "manifest.json").is_file()
