@@ -62,9 +62,9 @@ async def measure_overhead_tokens(
     return overhead_tokens(statistics.median(ones), statistics.median(manys), rows, width)
 
 
-WIDTH_PROBES = (20, 28, 36, 44, 52, 60)
-"""Widths timed against the multiple above them: short sentences' widths, spread over each gap between multiples
-of 16 (a real batch's longest row falls anywhere in it)."""
+WIDTH_PROBES = (20, 36, 52)
+"""Widths timed against the multiple above them: short sentences' widths, a quarter into each gap between multiples
+of 16 up to 64 (three widths, as the probe lengthens every start)."""
 WIDTH_PROBE_ROWS = 8
 
 
