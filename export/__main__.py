@@ -18,5 +18,6 @@ register(app)
 def _group() -> None:
     """Keep `export` a subcommand: typer runs a lone command without its name, which the image's build calls."""
 
+
 if __name__ == "__main__":
     app()
