@@ -58,7 +58,7 @@ class _DeferredQueueHandler(logging.handlers.QueueHandler):
 class _NamedListener(logging.handlers.QueueListener):
     def _monitor(self) -> None:
         name_this_thread(LOG_THREAD)
-        super()._monitor()
+        super()._monitor()  # type: ignore[misc]  # the listener thread's body, not in typeshed
 
 
 _listener: _NamedListener | None = None
