@@ -51,15 +51,25 @@ async def measure_overhead_tokens(
     (`feed(n)`: the inputs of a call of n such rows)."""
     if rows < 2:
         return 0
-    single, batch = feed(1), feed(rows)
-    ones: list[float] = []
-    manys: list[float] = []
+    one, many = await _alternate_medians(infer, feed(1), feed(rows))
+    return overhead_tokens(one, many, rows, width)
+
+
+async def _alternate_medians(
+    infer: Infer,
+    first: dict[str, np.ndarray],
+    second: dict[str, np.ndarray],
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, float]:
+    """The median seconds of a call on `first` and on `second`, timed alternately `PROBE_ROUNDS` times each, so that
+    a slow spell of the machine falls on both."""
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(PROBE_ROUNDS):
-        for inputs, times in ((single, ones), (batch, manys)):
-            start = time.perf_counter()
+        for inputs, taken in zip((first, second), times, strict=True):
+            start = clock()
             await infer(inputs)
-            times.append(time.perf_counter() - start)
-    return overhead_tokens(statistics.median(ones), statistics.median(manys), rows, width)
+            taken.append(clock() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 WIDTH_PROBES = (20, 36, 52)
@@ -86,14 +96,7 @@ async def measure_width_multiple(
         rounded = math.ceil(width / multiple) * multiple
         if rounded == width:
             continue
-        own_times: list[float] = []
-        rounded_times: list[float] = []
-        own, up = feed(rows, width, width), feed(rows, width, rounded)
-        for _ in range(PROBE_ROUNDS):
-            for inputs, times in ((own, own_times), (up, rounded_times)):
-                start = clock()
-                await infer(inputs)
-                times.append(clock() - start)
-        ratios.append(statistics.median(rounded_times) / statistics.median(own_times))
+        own, up = await _alternate_medians(infer, feed(rows, width, width), feed(rows, width, rounded), clock)
+        ratios.append(up / own)
     ratio = statistics.median(ratios) if ratios else 1.0
     return (multiple if ratio <= 1.0 else 1), ratio

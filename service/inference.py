@@ -336,22 +336,19 @@ class InferenceService:
         width = min(PROBE_WIDTH, model.pipeline.max_seq_length)
         pipeline, pad_id = model.pipeline, model.bundle.tokenizer.pad_id
 
-        def feed(rows: int) -> dict[str, np.ndarray]:
-            features = pipeline.filler_batch(rows, width)
-            return pad_rows([f.input_ids for f in features], [f.token_type_ids for f in features], width, pad_id)
+        def feed(rows: int, tokens: int, padded_to: int) -> dict[str, np.ndarray]:
+            features = pipeline.filler_batch(rows, tokens)
+            return pad_rows([f.input_ids for f in features], [f.token_type_ids for f in features], padded_to, pad_id)
 
         rows = min(config.max_batch_size, max(2, config.max_batch_tokens // width))
-        config.call_overhead_tokens = await measure_overhead_tokens(model.backend.infer, feed, rows, width)
+        config.call_overhead_tokens = await measure_overhead_tokens(
+            model.backend.infer, lambda n: feed(n, width, width), rows, width
+        )
         ratio = None
         if self.settings.pad_multiple is None and config.width_multiple > 1:
-
-            def feed_width(rows: int, tokens: int, width: int) -> dict[str, np.ndarray]:
-                features = pipeline.filler_batch(rows, tokens)
-                return pad_rows([f.input_ids for f in features], [f.token_type_ids for f in features], width, pad_id)
-
             probe_rows = min(config.max_batch_size, WIDTH_PROBE_ROWS)
             config.width_multiple, ratio = await measure_width_multiple(
-                model.backend.infer, feed_width, config.width_multiple, probe_rows
+                model.backend.infer, feed, config.width_multiple, probe_rows
             )
         log.info(
             "call cost",
