@@ -26,7 +26,13 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.errors import Internal, InvalidInput, InvalidJson, ServiceError, Unauthenticated
+from service.errors import InvalidInput, InvalidJson, ServiceError, Unauthenticated
+from service.http_api.direct_routes import (
+    DirectRoutes,
+    direct_routes,
+    service_error_response,
+    unexpected_error_response,
+)
 from service.http_api.encoder_routes import add_encoder_routes
 from service.http_api.middleware import (
     SERVER_HEADERS,
@@ -98,6 +104,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.state.service = InferenceService(settings, metrics)
     app.state.grpc = None
     _add_error_handlers(app)
+    _add_routes(app)
+    # innermost: the task routes' valid JSON requests answered without FastAPI's routing (the rest passed on)
+    app.add_middleware(DirectRoutes, routes=direct_routes(app.routes, _require_key), api_key=settings.api_key)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -115,7 +124,6 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         metrics=metrics,
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics, state=app.state.service.state)
-    _add_routes(app)
     if settings.playground:
         add_playground_routes(app)
     describe_server(app)
@@ -168,10 +176,7 @@ async def _load(service: InferenceService, grpc_front: Any) -> None:
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, error: ServiceError) -> JSONResponse:
-        response = error_response(error)
-        if response.status_code >= 500 and response.status_code != 503:
-            log.error("request failed", extra={"code": error.code, "error": error.message})
-        return response
+        return service_error_response(error)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -188,9 +193,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, error: Exception) -> JSONResponse:
-        internal = Internal("internal error")
-        log.exception("unexpected error", extra={"error_id": internal.error_id})
-        return error_response(internal)
+        return unexpected_error_response(error)
 
 
 def _describe(problems: Sequence[Any]) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 
 from service.http_api.encoder_schemas import (
     EmbedRequest,
@@ -33,16 +33,17 @@ def add_encoder_routes(
     responses: dict[int | str, dict[str, Any]],
     timeout: Callable[[Request], float | None],
 ) -> None:
-    """Add the three routes, with the task routes' auth `dependencies`, error `responses` and `timeout`."""
-    router = APIRouter(dependencies=list(dependencies), responses=responses, tags=["encoder"])
+    """Add the three routes, with the task routes' auth `dependencies`, error `responses` and `timeout` (on the app
+    itself, not through a router: `service.http_api.direct_routes` finds them among the app's routes)."""
+    common: dict[str, Any] = {"dependencies": list(dependencies), "responses": responses, "tags": ["encoder"]}
 
-    @router.post("/embed", response_model=list[list[float]])
+    @app.post("/embed", response_model=list[list[float]], **common)
     async def embed(body: EmbedRequest, request: Request) -> Any:
         """Embed texts (text-embeddings-inference's /embed): one vector per input, also for a single text."""
         outcome = await _embed(request, body.inputs, body.normalize, body.dimensions, body.truncate, body.model)
         return task_response([result["embedding"] for result in outcome.results], outcome)
 
-    @router.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse)
+    @app.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse, **common)
     async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> Any:
         """Embed texts (OpenAI's embeddings API): vectors as floats or base64 float32, with token usage."""
         outcome = await _embed(request, body.input, None, body.dimensions, body.truncate, body.model, field="input")
@@ -59,10 +60,11 @@ def add_encoder_routes(
         }
         return task_response(content, outcome)
 
-    @router.post(
+    @app.post(
         "/fill-mask",
         # one text: its fills (one mask) or a list of them (several); a list of texts: one of those per text
         response_model=list[FillMaskResult] | list[list[FillMaskResult] | list[list[FillMaskResult]]],
+        **common,
     )
     async def fill_mask(body: FillMaskRequest, request: Request) -> Any:
         """Fill the mask tokens: `[{score, token, token_str, sequence}]` per mask (a list of lists for several)."""
@@ -94,8 +96,6 @@ def add_encoder_routes(
             truncate=truncate,
         )
         return await _service(request).embed(task_input, model=model, timeout_s=timeout(request), field=field)
-
-    app.include_router(router)
 
 
 def _service(request: Request) -> InferenceService:

@@ -102,7 +102,7 @@ class AdmissionMiddleware:
                 assert self.door is not None
                 await error_response(self.door.refusal())(scope, receive, send)
                 return
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
         finally:
             if ticket is not None:
                 ticket.close()
@@ -151,7 +151,7 @@ def _uncounted(path: str) -> bool:
     return path in UNCOUNTED_PATHS or path.startswith(UNCOUNTED_PREFIXES)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
     """A receive that hands the app the body read, in one message, then passes on (a disconnect)."""
     replayed = False
 
