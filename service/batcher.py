@@ -738,7 +738,7 @@ class Batcher:
             return BackendError(f"the backend failed on this request's batch: {error}")
         elapsed = time.perf_counter() - start
         if self._observer is not None:
-            tokens = int(arrays["attention_mask"].sum())
+            tokens = sum(item.length for item in batch)  # the real tokens: the rows' lengths
             padded = int(arrays["input_ids"].size)
             self._observer.batch_done(self.model, len(batch), tokens, padded, elapsed, alone=run is self._run_alone)
         self._deliver(batch, outputs, elapsed)

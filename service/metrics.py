@@ -6,6 +6,8 @@ latency, queue time, inference time, batch size and tokens, queue depth, rejecti
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -21,6 +23,7 @@ class ServiceMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "bertserve_requests",
@@ -100,31 +103,41 @@ class ServiceMetrics:
             registry=r,
         )
 
+    def _child(self, family: Any, *labels: str) -> Any:
+        """`family.labels(*labels)`, looked up once: `labels()` checks and locks on every call, and the batch and
+        request paths ask for the same few children each time. The labels come from the served models and the
+        server's own routes and statuses, never from what a request says, so this stays as small as the families."""
+        key = (id(family), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*labels)
+        return child
+
     # ---- BatchObserver ----------------------------------------------------------------------------
     def batch_done(
         self, model: str, rows: int, tokens: int, padded_tokens: int, seconds: float, alone: bool = False
     ) -> None:
-        self.inference.labels(model).observe(seconds)
+        self._child(self.inference, model).observe(seconds)
         if alone:
-            self.alone_batches.labels(model).inc()
-        self.batch_size.labels(model).observe(rows)
-        self.batch_tokens.labels(model).observe(tokens)
-        self.padded_tokens.labels(model).inc(padded_tokens)
-        self.real_tokens.labels(model).inc(tokens)
+            self._child(self.alone_batches, model).inc()
+        self._child(self.batch_size, model).observe(rows)
+        self._child(self.batch_tokens, model).observe(tokens)
+        self._child(self.padded_tokens, model).inc(padded_tokens)
+        self._child(self.real_tokens, model).inc(tokens)
 
     def queued(self, model: str, seconds: float) -> None:
-        self.queue.labels(model).observe(seconds)
+        self._child(self.queue, model).observe(seconds)
 
     def depth(self, model: str, features: int) -> None:
-        self.queue_depth.labels(model).set(features)
+        self._child(self.queue_depth, model).set(features)
 
     def rejected(self, model: str, reason: str) -> None:
         self.rejections.labels(model, reason).inc()
 
     # ---- front doors ------------------------------------------------------------------------------
     def observe_request(self, transport: str, route: str, status: str, seconds: float) -> None:
-        self.requests.labels(transport, route, status).inc()
-        self.latency.labels(transport, route).observe(seconds)
+        self._child(self.requests, transport, route, status).inc()
+        self._child(self.latency, transport, route).observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
