@@ -325,11 +325,13 @@ class Batcher:
         run_alone: RunBatch | None = None,
         on_failure: OnFailure | None = None,
         gate: LongBatchGate | None = None,
+        short_requests: bool = True,
     ) -> None:
         """`run_alone` (optional) runs a batch that nothing else competes with: no other batch running, nothing
         left waiting when it was cut (a backend may give it all its cores); `run_batch` runs every other one.
         `on_failure` hears once that the model has failed for good. `gate` (shared by the models of a process)
-        holds long batches back while short requests are in progress."""
+        holds long batches back while short requests are in progress; with `short_requests` False none of this
+        model's requests is short, however few its tokens (a task whose every request is bulk work)."""
         self.model = model
         self.config = config
         self.output_names = tuple(output_names)
@@ -348,6 +350,7 @@ class Batcher:
         self._closed = False
         self._on_failure = on_failure
         self._gate = None if config.passthrough else gate
+        self._short_requests = short_requests
         self._failures = 0  # failed batches in a row
         self.failure: str | None = None
         """Why the model has failed for good (None while it serves)."""
@@ -468,7 +471,9 @@ class Batcher:
         if self.config.passthrough:
             return await self._passthrough(request)
         if self._gate is not None:
-            request.short = self._gate.is_short(len(features), max(len(f.input_ids) for f in features))
+            request.short = self._short_requests and self._gate.is_short(
+                len(features), max(len(f.input_ids) for f in features)
+            )
         self._enqueue(request)
         if self._gate is not None and request.short:
             self._gate.short_request(request.future)

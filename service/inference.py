@@ -30,6 +30,7 @@ from service.batcher import BatchConfig, Batcher, LongBatchGate
 from service.bundles import ServingBundle, find_bundles, open_bundle
 from service.call_cost import PROBE_WIDTH, WIDTH_PROBE_ROWS, measure_overhead_tokens, measure_width_multiple
 from service.errors import BackendUnavailable, InvalidInput, NotReady, Overloaded, ServiceError, UnknownModel
+from service.feature_groups import FeatureGroups
 from service.metrics import ServiceMetrics
 from service.pipelines import FillMaskPipeline, Pipeline, make_pipeline
 from service.settings import ServiceSettings
@@ -139,6 +140,8 @@ class InferenceService:
         self.door = Door(settings.max_in_progress, self.metrics, receiving_limit=settings.max_receiving)
         """Requests receiving and at work over both front doors (the REST middleware and the gRPC interceptor)."""
         self.executor = BoundedExecutor(settings.tokenize_threads, settings.tokenize_queue)
+        self.feature_groups = FeatureGroups()
+        """Builds the features of small requests off the event loop, those that come together in one call."""
         self.reservations = QueueReservations(self.metrics)
         self.long_gate = (
             LongBatchGate(settings.priority_width, settings.max_batch_size, settings.priority_batch_tokens)
@@ -260,6 +263,7 @@ class InferenceService:
             run_alone=backend.infer_alone,
             on_failure=self._model_failed,
             gate=self.long_gate,
+            short_requests=pipeline.short_requests,
         )
         await batcher.start()
         return LoadedModel(bundle=bundle, pipeline=pipeline, backend=backend, batcher=batcher)
@@ -373,6 +377,7 @@ class InferenceService:
             except Exception:  # one backend that fails to close must not keep the others open
                 log.exception("closing the backend of model %s failed", model.name)
         self.executor.close()
+        await asyncio.to_thread(self.feature_groups.close)
         await asyncio.to_thread(self.tracer.shutdown)
 
     # ---- lookup -----------------------------------------------------------------------------------
@@ -503,13 +508,16 @@ class InferenceService:
 
     async def _features(self, model: LoadedModel, request: TaskInput, size: int) -> list[Feature]:
         """Count the request's model rows (QA, NER: each input tokenized once, its windows counted), judge them
-        against the model's queue and hold their place there, then build them. The place is given back just
-        before the caller queues the features, with no await in between."""
+        against the model's queue and hold their place there, then build them: a small request's with the other
+        small requests of the moment (`service.feature_groups`), a large one's on the bounded executor. The place
+        is given back just before the caller queues the features, with no await in between."""
         plan = await self._off_loop(model, size, model.pipeline.plan, request)
         too_large = plan.too_large(model.batcher.config.max_queue)
         if too_large is not None:
             raise InvalidInput(too_large)
         with self.reservations.reserve(model.batcher, plan.sequences):
+            if size < INLINE_CHARACTERS:
+                return await self.feature_groups.build(model.pipeline, plan)
             return await self._off_loop(model, size, model.pipeline.build, plan)
 
     async def _off_loop(
@@ -550,8 +558,9 @@ def _check_targets(targets: list[str]) -> None:
 
 
 INLINE_CHARACTERS = 2000
-"""Requests with fewer characters are tokenized and post-processed on the event loop: a thread hand-off costs
-more than the work (tens of microseconds in Rust); bigger ones go to a worker thread so the loop stays free."""
+"""Requests with fewer characters are small: their features are built with the other small requests of the moment
+(`service.feature_groups`), and they are planned and post-processed on the event loop, where a thread hand-off per
+request would cost more than the work; bigger ones go to the bounded executor so the loop stays free."""
 
 
 def _characters(request: TaskInput, pipeline: Pipeline) -> int:

@@ -97,7 +97,8 @@ class ServiceSettings(BaseSettings):
         default=128,
         ge=1,
         description="Short requests (at most max_batch_size token sequences, each at most this long: a few "
-        "sentences) go before bulk work (many inputs, long texts, a document's QA / NER windows): while one is in "
+        "sentences; a QA request, a question over a passage, never is) go before bulk work (many inputs, long "
+        "texts, QA, a document's NER windows): while one is in "
         "progress, at most one batch of bulk rows runs at a time in the process, over all models, not on all cores "
         "and of at most priority_batch_tokens, and short rows never wait behind a held one (unset = no priority: "
         "batches run in arrival order as each model's concurrency allows).",

@@ -134,6 +134,35 @@ def test_without_short_requests_long_batches_use_every_slot() -> None:
     assert most_long == 2
 
 
+def test_a_model_whose_requests_are_all_bulk_never_holds_its_long_batches_back() -> None:
+    """QA-like: one model gets requests of 10 tokens among requests of 200. Counted as short, the 10-token ones
+    hold the 200-token batches to one at a time; with `short_requests=False` both slots run long batches."""
+
+    async def go(short_requests: bool) -> int:
+        running = [0, 0]
+        gate = LongBatchGate(short_width=128, hold_s=1.0)
+        backend = CountingBackend(0.03, 128, running)
+        model = Batcher(
+            "qa",
+            backend,
+            BatchConfig(max_batch_size=2, max_wait_s=0, max_concurrency=2),
+            output_names=("logits", "tokens"),
+            sequence_outputs=("tokens",),
+            gate=gate,
+            short_requests=short_requests,
+        )
+        await model.start()
+        deadline = time.perf_counter() + 20
+        submits = [model.submit([feat(200 if i % 3 else 10, i)], deadline) for i in range(24)]
+        await asyncio.gather(*submits)
+        await model.close()
+        assert gate.short_in_progress == 0
+        return running[1]
+
+    assert asyncio.run(go(short_requests=True)) == 1
+    assert asyncio.run(go(short_requests=False)) == 2
+
+
 class TokenTimedBackend(FakeBackend):
     """A FakeBackend whose call takes `per_token` seconds per padded token (as a CPU runtime's does)."""
 

@@ -1,0 +1,129 @@
+"""Small requests' features built together on one thread (service/feature_groups.py, `Pipeline.build_many`): the
+same features as one request at a time, errors kept to their own request, and rounds that grow with the load."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.bundles import open_bundle
+from service.errors import InputTooLong, InvalidInput
+from service.feature_groups import THREAD_NAME, FeatureGroups
+from service.pipelines import Pipeline, Plan, make_pipeline
+from service.task_inputs import ClassifyInput, NERInput
+
+TEXTS = ["a gripping, beautifully acted film", "dull", "an overlong mess that never finds its footing", "fine"]
+LONG = "word " * 2000
+
+
+@pytest.fixture(scope="module")
+def classify(tiny_bundles: dict[str, Path]) -> Pipeline:
+    return make_pipeline(open_bundle(tiny_bundles["classify"]))
+
+
+def _plan(pipeline: Pipeline, request: Any) -> Plan:
+    return pipeline.plan(request)
+
+
+def _rows(features: Any) -> list[tuple[int, list[int], list[int]]]:
+    return [(f.request_index, list(f.input_ids), list(f.token_type_ids)) for f in features]
+
+
+def test_classify_build_many_equals_one_request_at_a_time(classify: Pipeline) -> None:
+    requests = [
+        ClassifyInput(texts=TEXTS[:2], truncate=True),
+        ClassifyInput(texts=[TEXTS[2]], pairs=["it is long"], truncate=True),
+        ClassifyInput(texts=[TEXTS[3]], truncate=True),
+        ClassifyInput(texts=[LONG], truncate=True),  # cut, as alone
+        ClassifyInput(texts=TEXTS[1:3], pairs=["one", "two"], truncate=True),
+        ClassifyInput(texts=[TEXTS[0]], truncate=False),
+    ]
+    plans = [_plan(classify, request) for request in requests]
+    together = classify.build_many(plans)
+    alone = [classify.build(plan) for plan in plans]
+    assert [_rows(features) for features in together] == [_rows(features) for features in alone]  # type: ignore[arg-type]
+
+
+def test_a_failing_input_fails_its_own_request_only(classify: Pipeline) -> None:
+    requests = [
+        ClassifyInput(texts=[TEXTS[0]], truncate=True),
+        ClassifyInput(texts=[LONG], truncate=False),  # too long, not cut
+        ClassifyInput(texts=[TEXTS[1]], truncate=True),
+    ]
+    built = classify.build_many([_plan(classify, request) for request in requests])
+    assert isinstance(built[1], InputTooLong)
+    assert _rows(built[0]) == _rows(classify.build(_plan(classify, requests[0])))  # type: ignore[arg-type]
+    assert _rows(built[2]) == _rows(classify.build(_plan(classify, requests[2])))  # type: ignore[arg-type]
+
+
+def test_concurrent_requests_share_rounds_and_get_their_own_features(
+    classify: Pipeline, tiny_bundles: dict[str, Path]
+) -> None:
+    ner = make_pipeline(open_bundle(tiny_bundles["ner"]))
+    requests: list[tuple[Pipeline, Any]] = [
+        (classify, ClassifyInput(texts=[TEXTS[i % len(TEXTS)] + f" {i}"], truncate=True)) for i in range(40)
+    ]
+    requests += [(ner, NERInput(texts=[f"Angela Merkel visited Paris {i} times."], truncate=True)) for i in range(5)]
+    groups = FeatureGroups()
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(
+            *(groups.build(pipeline, _plan(pipeline, request)) for pipeline, request in requests)
+        )
+
+    try:
+        built = asyncio.run(main())
+    finally:
+        groups.close()
+    expected = [pipeline.build(_plan(pipeline, request)) for pipeline, request in requests]
+    assert [_rows(features) for features in built] == [_rows(features) for features in expected]
+    assert 1 <= groups.rounds < len(requests)
+
+
+def test_errors_reach_their_caller_and_the_thread_goes_on(classify: Pipeline) -> None:
+    groups = FeatureGroups()
+
+    async def main() -> tuple[BaseException | None, list[Any]]:
+        failing = groups.build(classify, _plan(classify, ClassifyInput(texts=[LONG], truncate=False)))
+        fine = groups.build(classify, _plan(classify, ClassifyInput(texts=[TEXTS[0]], truncate=True)))
+        outcomes = await asyncio.gather(failing, fine, return_exceptions=True)
+        after = await groups.build(classify, _plan(classify, ClassifyInput(texts=[TEXTS[1]], truncate=True)))
+        first = outcomes[0] if isinstance(outcomes[0], BaseException) else None
+        return first, [outcomes[1], after]
+
+    try:
+        error, answers = asyncio.run(main())
+    finally:
+        groups.close()
+    assert isinstance(error, InvalidInput) and "tokens" in str(error)
+    assert all(len(features) == 1 for features in answers)
+
+
+def test_a_caller_that_goes_away_leaves_the_others_answered(classify: Pipeline) -> None:
+    groups = FeatureGroups()
+
+    async def main() -> list[Any]:
+        plans = [_plan(classify, ClassifyInput(texts=[text], truncate=True)) for text in TEXTS]
+        tasks = [asyncio.create_task(groups.build(classify, plan)) for plan in plans]
+        tasks[0].cancel()
+        return await asyncio.gather(*tasks[1:])
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        groups.close()
+    assert [len(features) for features in answers] == [1, 1, 1]
+
+
+def test_the_thread_is_named_for_the_cpu_split_and_ends_on_close(classify: Pipeline) -> None:
+    groups = FeatureGroups()
+    asyncio.run(groups.build(classify, _plan(classify, ClassifyInput(texts=[TEXTS[0]], truncate=True))))
+    assert any(thread.name == THREAD_NAME for thread in threading.enumerate())
+    groups.close()
+    assert not any(thread.name == THREAD_NAME for thread in threading.enumerate())
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(groups.build(classify, _plan(classify, ClassifyInput(texts=[TEXTS[0]], truncate=True))))
