@@ -129,6 +129,7 @@ def loadtest(
 
 def _print_result(summary: dict, run_dir: Path) -> None:
     from loadtests.report import peer_table
+    from loadtests.targets import PEER_MODULES
 
     out = sys.stdout
     out.write("\n" + peer_table(summary["comparison"]) + "\n\n")
@@ -138,6 +139,7 @@ def _print_result(summary: dict, run_dir: Path) -> None:
     for label, regression in summary["regression"].items():
         if regression["reference"] is None:
             out.write(f"{label}: no earlier run to compare with\n")
+        note = " (a peer: reported, not judged)" if label in PEER_MODULES else ""
         for line in regression["lines"]:
-            out.write(f"{label} vs {regression['reference']}: {line}\n")
+            out.write(f"{label} vs {regression['reference']}: {line}{note}\n")
     out.write(f"results: {run_dir}\n")

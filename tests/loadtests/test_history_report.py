@@ -16,6 +16,7 @@ from loadtests.history import (
     read_history,
 )
 from loadtests.report import peer_rows, peer_table
+from loadtests.runner import EXIT_CHECKS, EXIT_OK, EXIT_REGRESSION, _exit_code
 
 
 def _figures(ok_rps: float, p99: float, ok: int = 1000) -> dict[str, Any]:
@@ -127,3 +128,18 @@ def test_peer_rows_compare_with_the_triton_peer_too() -> None:
     table = peer_table(rows)
     assert "throughput vs naive | p99 vs naive | throughput vs triton | p99 vs triton |" in table
     assert "| ours-batching | /classify | 240.0 | 100.0 | 300.0 | 0.00% | 4.80× | 0.33× | 1.50× | 0.75× |" in table
+
+
+def test_only_our_targets_regressions_decide_the_exit() -> None:
+    def summary(regressed: set[str]) -> dict:
+        labels = ("naive", "triton", "ours-batching")
+        return {
+            "checks": [{"passed": True}],
+            "regression": {label: {"regression": label in regressed} for label in labels},
+        }
+
+    assert _exit_code(summary({"naive", "triton"})) == EXIT_OK  # the peers slower: the machine, not our code
+    assert _exit_code(summary({"ours-batching"})) == EXIT_REGRESSION
+    failed = summary(set())
+    failed["checks"] = [{"passed": False}]
+    assert _exit_code(failed) == EXIT_CHECKS
