@@ -27,18 +27,15 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import InvalidInput, InvalidJson, ServiceError, Unauthenticated
-from service.http_api.direct_routes import (
-    DirectRoutes,
-    direct_routes,
-    service_error_response,
-    unexpected_error_response,
-)
+from service.http_api.direct_routes import DirectRoutes, direct_routes
 from service.http_api.encoder_routes import add_encoder_routes
 from service.http_api.middleware import (
     SERVER_HEADERS,
     AdmissionMiddleware,
     MetricsMiddleware,
     error_response,
+    service_error_response,
+    unexpected_error_response,
 )
 from service.http_api.openapi import describe_server
 from service.http_api.playground import add_playground_routes

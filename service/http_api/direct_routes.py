@@ -12,13 +12,12 @@ over the body (stdlib `json`, then validation of the Python objects) are skipped
 were a third of the event loop's time (py-spy, GIL samples of the event-loop thread).
 
 Errors the endpoint raises are answered as the app's exception handlers answer them (`service_error_response`,
-`unexpected_error_response`, shared with service/http_api/app.py).
+`unexpected_error_response` of service/http_api/middleware.py).
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,28 +26,11 @@ from typing import Any
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, SecretStr, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.errors import Internal, ServiceError
-from service.http_api.middleware import error_response, replay_body
-
-log = logging.getLogger("service.http")
-
-
-def service_error_response(error: ServiceError) -> JSONResponse:
-    """A domain error's answer; a 5xx other than 503 (a bug or a failed backend) is logged."""
-    response = error_response(error)
-    if response.status_code >= 500 and response.status_code != 503:
-        log.error("request failed", extra={"code": error.code, "error": error.message})
-    return response
-
-
-def unexpected_error_response(error: Exception) -> JSONResponse:
-    """500 `internal` with the id of the log line that holds the traceback of `error`."""
-    internal = Internal("internal error")
-    log.error("unexpected error", exc_info=error, extra={"error_id": internal.error_id})
-    return error_response(internal)
+from service.errors import ServiceError
+from service.http_api.middleware import replay_body, service_error_response, unexpected_error_response
 
 
 @dataclass(frozen=True)

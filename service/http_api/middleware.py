@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.admission import Door, Ticket
-from service.errors import PayloadTooLarge, ServiceError, http_status
+from service.errors import Internal, PayloadTooLarge, ServiceError, http_status
 from service.inference import ServiceState
 from service.metrics import ServiceMetrics
 
@@ -59,6 +59,21 @@ def error_response(error: ServiceError) -> JSONResponse:
         headers = {"www-authenticate": "Bearer"}
     body = {"error": {"code": error.code, "message": error.message}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def service_error_response(error: ServiceError) -> JSONResponse:
+    """A domain error's answer; a 5xx other than 503 (a bug or a failed backend) is logged."""
+    response = error_response(error)
+    if response.status_code >= 500 and response.status_code != 503:
+        log.error("request failed", extra={"code": error.code, "error": error.message})
+    return response
+
+
+def unexpected_error_response(error: Exception) -> JSONResponse:
+    """500 `internal` with the id of the log line that holds the traceback of `error`."""
+    internal = Internal("internal error")
+    log.error("unexpected error", exc_info=error, extra={"error_id": internal.error_id})
+    return error_response(internal)
 
 
 class AdmissionMiddleware:

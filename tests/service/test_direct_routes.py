@@ -17,7 +17,8 @@ from starlette.types import Receive, Scope, Send
 
 from service.errors import Overloaded, ServiceError
 from service.http_api.app import _require_key
-from service.http_api.direct_routes import DirectRoutes, direct_routes, service_error_response
+from service.http_api.direct_routes import DirectRoutes, direct_routes
+from service.http_api.middleware import service_error_response
 from tests.service.server import ServerProcess, serving
 
 KEY = "direct-key"
