@@ -253,10 +253,12 @@ class ServiceSettings(BaseSettings):
     # ---- gRPC connection age: long-lived channels reconnect and reach new replicas ---------------
     grpc_max_connection_age_s: float = Field(
         default=120.0,
-        gt=0,
+        ge=0,
         description="The gRPC server sends GOAWAY to a connection this old (gRPC adds up to 10% jitter): the "
         "client's channel reconnects, through its load balancer or DNS, and so reaches replicas started since. "
-        "HTTP/2 multiplexes every call of a channel on one connection, so without it a client stays on one replica.",
+        "HTTP/2 multiplexes every call of a channel on one connection, so without it a client stays on one replica. "
+        "0: never; for replicas behind a proxy that balances each call (HAProxy 2.6 cuts the calls in flight on a "
+        "connection the server ages out).",
     )
     grpc_max_connection_age_grace_s: float = Field(
         default=30.0,

@@ -144,6 +144,16 @@ def _refusing(error: ServiceError) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(refuse)
 
 
+def connection_age_options(settings: ServiceSettings) -> list[tuple[str, int]]:
+    """gRPC's connection-age options: none when the age is 0 (gRPC's own default: connections never age out)."""
+    if settings.grpc_max_connection_age_s == 0:
+        return []
+    return [
+        ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(settings.grpc_max_connection_age_grace_s * 1000)),
+    ]
+
+
 class GrpcFrontDoor:
     """A started gRPC server over the shared service."""
 
@@ -170,8 +180,7 @@ class GrpcFrontDoor:
             ("grpc.max_metadata_size", METADATA_LIMIT_BYTES),
             ("grpc.absolute_max_metadata_size", METADATA_LIMIT_BYTES),
             ("grpc.so_reuseport", 0),
-            ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_s * 1000)),
-            ("grpc.max_connection_age_grace_ms", int(settings.grpc_max_connection_age_grace_s * 1000)),
+            *connection_age_options(settings),
             # a connection must finish its HTTP/2 handshake as fast as an HTTP client its request head
             ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
         ]

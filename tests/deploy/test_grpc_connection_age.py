@@ -14,8 +14,10 @@ import time
 
 import grpc
 
+from service.grpc_api.server import connection_age_options
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
+from service.settings import ServiceSettings
 from tests.deploy.conftest import CONNECTION_AGE_S
 from tests.service.server import ServerProcess
 
@@ -52,3 +54,10 @@ def test_a_long_lived_channel_is_told_to_reconnect_after_the_connection_age(depl
         with changed:
             assert changed.wait_for(lambda: states.count(grpc.ChannelConnectivity.READY) > ready_count, timeout=5)
         channel.unsubscribe(record)
+
+
+def test_an_age_of_zero_gives_grpc_no_connection_age_so_connections_never_age_out() -> None:
+    assert connection_age_options(ServiceSettings(grpc_max_connection_age_s=0)) == []
+    settings = ServiceSettings(grpc_max_connection_age_s=2.5, grpc_max_connection_age_grace_s=1)
+    aged = dict(connection_age_options(settings))
+    assert aged == {"grpc.max_connection_age_ms": 2500, "grpc.max_connection_age_grace_ms": 1000}

@@ -473,6 +473,11 @@ def test_a_rolling_restart_loses_no_call_and_resets_no_connection(stack: Stack) 
         "resets": sum(1 for call in load.calls if call.reset),
         "retried_by_balancer": sum(1 for line in window if line.retries != "0"),
         "balancer_5xx": sum(1 for line in window if line.status >= 500),
+        # HAProxy's termination state of every request that did not end normally ("SD--": the server's side
+        # closed during the response), with its backend and server
+        "abnormal_ends": sorted(
+            f"{line.backend}/{line.server} {line.termination}" for line in window if line.termination != "----"
+        )[:10],
         "errors": sorted({call.error or "" for call in failed})[:5],
     }
     record("rolling_restart", figures)
