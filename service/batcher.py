@@ -78,8 +78,6 @@ class BatchObserver(Protocol):
 
     def queued(self, model: str, seconds: float) -> None: ...
 
-    def depth(self, model: str, features: int) -> None: ...
-
     def rejected(self, model: str, reason: str) -> None: ...
 
 
@@ -414,7 +412,6 @@ class Batcher:
         for item in waiting:
             if not item.request.dead:
                 item.request.future.set_exception(self._failed_error())
-        self._notify_depth()
         if self._on_failure is not None:
             try:
                 self._on_failure(self.model, reason)
@@ -515,7 +512,6 @@ class Batcher:
                 request, index, len(feature.input_ids), self._arrivals, request.submitted, self._virtual + index
             )
             self._pending.append(item)
-        self._notify_depth()
         assert self._wakeup is not None
         self._wakeup.set()
 
@@ -525,7 +521,6 @@ class Batcher:
             for index, feature in enumerate(request.features)
         ]
         self._in_flight += len(items)
-        self._notify_depth()
         try:
             async with asyncio.timeout(request.deadline - time.perf_counter()):
                 await self._execute(items)
@@ -535,7 +530,6 @@ class Batcher:
             raise DeadlineExceeded(self._deadline_message(request, time.perf_counter())) from None
         finally:
             self._in_flight -= len(items)
-            self._notify_depth()
 
     # ---- the batch loop ---------------------------------------------------------------------------
     async def _loop(self) -> None:
@@ -628,7 +622,6 @@ class Batcher:
             if not item.request.dead:
                 keep.append(item)
         self._pending = keep
-        self._notify_depth()
 
     def _take_batch(self, priority: LongBatchGate | None = None, short_only: bool = False) -> list[_Item]:
         """Choose a batch (`_remove_batch` takes it out of the queue) from the length-sorted queue (or its `window`
@@ -682,7 +675,6 @@ class Batcher:
         self._virtual = max(self._virtual + 1, max(item.tag for item in batch))
         taken = {id(item) for item in batch}
         self._pending = [item for item in self._pending if id(item) not in taken]
-        self._notify_depth()
         return batch
 
     def _fits(self, rows: int, longest: int, real: int, shortest: int, budget: int) -> bool:
@@ -805,10 +797,6 @@ class Batcher:
         self._drop_dead(time.perf_counter())
 
     # ---- observation ------------------------------------------------------------------------------
-    def _notify_depth(self) -> None:
-        if self._observer is not None:
-            self._observer.depth(self.model, self.queue_depth)
-
     def _notify_rejected(self, reason: str) -> None:
         if self._observer is not None:
             self._observer.rejected(self.model, reason)

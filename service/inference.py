@@ -30,10 +30,10 @@ from service.batcher import BatchConfig, Batcher, LongBatchGate
 from service.bundles import ServingBundle, find_bundles, open_bundle
 from service.call_cost import PROBE_WIDTH, WIDTH_PROBE_ROWS, measure_overhead_tokens, measure_width_multiple
 from service.errors import BackendUnavailable, InvalidInput, NotReady, Overloaded, ServiceError, UnknownModel
-from service.feature_groups import FeatureGroups
 from service.metrics import ServiceMetrics
 from service.pipelines import FillMaskPipeline, Pipeline, make_pipeline
 from service.settings import ServiceSettings
+from service.small_requests import SmallRequests
 from service.task_inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, TaskInput
 from service.tracing import Tracer
 from service.variant_timing import VariantChoice
@@ -140,7 +140,7 @@ class InferenceService:
         self.door = Door(settings.max_in_progress, self.metrics, receiving_limit=settings.max_receiving)
         """Requests receiving and at work over both front doors (the REST middleware and the gRPC interceptor)."""
         self.executor = BoundedExecutor(settings.tokenize_threads, settings.tokenize_queue)
-        self.feature_groups = FeatureGroups()
+        self.small_requests = SmallRequests()
         """Builds the features of small requests off the event loop, those that come together in one call."""
         self.reservations = QueueReservations(self.metrics)
         self.long_gate = (
@@ -265,6 +265,7 @@ class InferenceService:
             gate=self.long_gate,
             short_requests=pipeline.short_requests,
         )
+        self.metrics.watch_queue_depth(bundle.name, lambda: batcher.queue_depth)
         await batcher.start()
         return LoadedModel(bundle=bundle, pipeline=pipeline, backend=backend, batcher=batcher)
 
@@ -377,7 +378,7 @@ class InferenceService:
             except Exception:  # one backend that fails to close must not keep the others open
                 log.exception("closing the backend of model %s failed", model.name)
         self.executor.close()
-        await asyncio.to_thread(self.feature_groups.close)
+        await asyncio.to_thread(self.small_requests.close)
         await asyncio.to_thread(self.tracer.shutdown)
 
     # ---- lookup -----------------------------------------------------------------------------------
@@ -496,7 +497,10 @@ class InferenceService:
             self.tracer.record("infer", batched - result.inference_s, batched, model=model.name, batches=result.batches)
             with self.tracer.span("postprocess"):
                 postprocess, outputs = model.pipeline.postprocess, result.outputs
-                results = await self._off_loop(model, size, postprocess, request, features, outputs, bounded=False)
+                if size < INLINE_CHARACTERS:
+                    results = await self.small_requests.call(postprocess, request, features, outputs)
+                else:
+                    results = await self._off_loop(model, size, postprocess, request, features, outputs, bounded=False)
         end = time.perf_counter()
         timings.tokenize_ms = (tokenized - start) * 1000
         timings.queue_ms = result.queue_s * 1000
@@ -509,7 +513,7 @@ class InferenceService:
     async def _features(self, model: LoadedModel, request: TaskInput, size: int) -> list[Feature]:
         """Count the request's model rows (QA, NER: each input tokenized once, its windows counted), judge them
         against the model's queue and hold their place there, then build them: a small request's with the other
-        small requests of the moment (`service.feature_groups`), a large one's on the bounded executor. The place
+        small requests of the moment (`service.small_requests`), a large one's on the bounded executor. The place
         is given back just before the caller queues the features, with no await in between."""
         plan = await self._off_loop(model, size, model.pipeline.plan, request)
         too_large = plan.too_large(model.batcher.config.max_queue)
@@ -517,7 +521,7 @@ class InferenceService:
             raise InvalidInput(too_large)
         with self.reservations.reserve(model.batcher, plan.sequences):
             if size < INLINE_CHARACTERS:
-                return await self.feature_groups.build(model.pipeline, plan)
+                return await self.small_requests.build(model.pipeline, plan)
             return await self._off_loop(model, size, model.pipeline.build, plan)
 
     async def _off_loop(
@@ -558,9 +562,9 @@ def _check_targets(targets: list[str]) -> None:
 
 
 INLINE_CHARACTERS = 2000
-"""Requests with fewer characters are small: their features are built with the other small requests of the moment
-(`service.feature_groups`), and they are planned and post-processed on the event loop, where a thread hand-off per
-request would cost more than the work; bigger ones go to the bounded executor so the loop stays free."""
+"""Requests with fewer characters are small: they are planned on the event loop, and built and post-processed in
+rounds with the other small requests of the moment on one thread (`service.small_requests`), where a hand-off to a
+pool per request would cost more than the work; bigger ones go to the bounded executor so the loop stays free."""
 
 
 def _characters(request: TaskInput, pipeline: Pipeline) -> int:

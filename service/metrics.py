@@ -6,6 +6,7 @@ latency, queue time, inference time, batch size and tokens, queue depth, rejecti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -128,8 +129,9 @@ class ServiceMetrics:
     def queued(self, model: str, seconds: float) -> None:
         self._child(self.queue, model).observe(seconds)
 
-    def depth(self, model: str, features: int) -> None:
-        self._child(self.queue_depth, model).set(features)
+    def watch_queue_depth(self, model: str, depth: Callable[[], float]) -> None:
+        """The model's queue depth gauge reads `depth()` when scraped (nothing to update per request)."""
+        self._child(self.queue_depth, model).set_function(depth)
 
     def rejected(self, model: str, reason: str) -> None:
         self.rejections.labels(model, reason).inc()

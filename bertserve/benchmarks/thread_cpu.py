@@ -3,7 +3,8 @@
 A snapshot reads each thread's user + system time (clock ticks) and its kernel name (`comm`); the difference of two
 snapshots, divided by the answers given in between, is the CPU per answer of each part:
 - `event_loop`: the main thread (tid = pid), which runs asyncio, uvicorn, FastAPI and the gRPC servicers;
-- `tokenization`: threads named `service.worker_threads.TOKENIZE` (large requests' tokenization and post-processing);
+- `tokenization`: threads named `service.worker_threads.TOKENIZE` (tokenization and post-processing off the event
+  loop: the bounded pool of large requests, the small-request thread);
 - `runtime`: threads named `service.worker_threads.INFER` (backend calls) and the runtime pools they start, which
   inherit that name (ONNX Runtime's intra-op threads, OpenVINO's streams);
 - `other`: every other thread (gRPC's core threads, the tracer, anything a library starts).

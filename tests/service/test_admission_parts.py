@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import bert_model.tasks.qa as qa_module
 from service.admission import BoundedExecutor, Door, QueueReservations
@@ -374,3 +375,22 @@ def test_a_qa_request_larger_than_the_queue_is_refused_with_the_limit_and_how_to
     assert f"needs {3 * windows} windows of " in several and f"({limit}, the server's max_queue setting)" in several
     assert f"split it into requests of at most {limit} windows" in several and "at most 1 inputs" in several
     assert "input 1 alone needs" in alone and "send it in parts of at most" in alone
+
+
+def test_the_queue_depth_gauge_reads_the_batcher_when_scraped() -> None:
+    metrics = ServiceMetrics()
+    depth = [3]
+    metrics.watch_queue_depth("m", lambda: depth[0])
+
+    def scraped() -> float:
+        (value,) = [
+            sample.value
+            for family in text_string_to_metric_families(metrics.exposition().decode())
+            for sample in family.samples
+            if sample.name == "bertserve_queue_depth" and sample.labels == {"model": "m"}
+        ]
+        return value
+
+    assert scraped() == 3
+    depth[0] = 0
+    assert scraped() == 0

@@ -1,5 +1,6 @@
-"""Small requests' features built together on one thread (service/feature_groups.py, `Pipeline.build_many`): the
-same features as one request at a time, errors kept to their own request, and rounds that grow with the load."""
+"""Small requests built and post-processed together on one thread (service/small_requests.py): the same features
+as one request at a time (`Pipeline.build_many`), the same answers as post-processing on the caller's thread, errors
+kept to their own request, and rounds that grow with the load."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 from service.bundles import open_bundle
 from service.errors import InputTooLong, InvalidInput
-from service.feature_groups import THREAD_NAME, FeatureGroups
 from service.pipelines import Pipeline, Plan, make_pipeline
+from service.small_requests import THREAD_NAME, SmallRequests
 from service.task_inputs import ClassifyInput, NERInput
 
 TEXTS = ["a gripping, beautifully acted film", "dull", "an overlong mess that never finds its footing", "fine"]
@@ -68,7 +69,7 @@ def test_concurrent_requests_share_rounds_and_get_their_own_features(
         (classify, ClassifyInput(texts=[TEXTS[i % len(TEXTS)] + f" {i}"], truncate=True)) for i in range(40)
     ]
     requests += [(ner, NERInput(texts=[f"Angela Merkel visited Paris {i} times."], truncate=True)) for i in range(5)]
-    groups = FeatureGroups()
+    groups = SmallRequests()
 
     async def main() -> list[Any]:
         return await asyncio.gather(
@@ -85,7 +86,7 @@ def test_concurrent_requests_share_rounds_and_get_their_own_features(
 
 
 def test_errors_reach_their_caller_and_the_thread_goes_on(classify: Pipeline) -> None:
-    groups = FeatureGroups()
+    groups = SmallRequests()
 
     async def main() -> tuple[BaseException | None, list[Any]]:
         failing = groups.build(classify, _plan(classify, ClassifyInput(texts=[LONG], truncate=False)))
@@ -104,7 +105,7 @@ def test_errors_reach_their_caller_and_the_thread_goes_on(classify: Pipeline) ->
 
 
 def test_a_caller_that_goes_away_leaves_the_others_answered(classify: Pipeline) -> None:
-    groups = FeatureGroups()
+    groups = SmallRequests()
 
     async def main() -> list[Any]:
         plans = [_plan(classify, ClassifyInput(texts=[text], truncate=True)) for text in TEXTS]
@@ -120,10 +121,40 @@ def test_a_caller_that_goes_away_leaves_the_others_answered(classify: Pipeline) 
 
 
 def test_the_thread_is_named_for_the_cpu_split_and_ends_on_close(classify: Pipeline) -> None:
-    groups = FeatureGroups()
+    groups = SmallRequests()
     asyncio.run(groups.build(classify, _plan(classify, ClassifyInput(texts=[TEXTS[0]], truncate=True))))
     assert any(thread.name == THREAD_NAME for thread in threading.enumerate())
     groups.close()
     assert not any(thread.name == THREAD_NAME for thread in threading.enumerate())
     with pytest.raises(RuntimeError, match="closed"):
         asyncio.run(groups.build(classify, _plan(classify, ClassifyInput(texts=[TEXTS[0]], truncate=True))))
+
+
+def test_post_processing_runs_on_the_thread_and_answers_as_on_the_loop(classify: Pipeline) -> None:
+    import numpy as np
+
+    small = SmallRequests()
+    request = ClassifyInput(texts=TEXTS[:2], truncate=True, top_k=None)
+    features = classify.build(_plan(classify, request))
+    outputs = [{"logits": np.array([0.25, -1.5], dtype=np.float32)}, {"logits": np.array([3.0, 2.0], np.float32)}]
+    threads: list[str] = []
+
+    def postprocess(*args: Any) -> list[Any]:
+        threads.append(threading.current_thread().name)
+        return classify.postprocess(*args)
+
+    def failing() -> None:
+        raise ValueError("a bad output")
+
+    async def main() -> tuple[list[Any], BaseException | None]:
+        answer = await small.call(postprocess, request, features, outputs)
+        (error,) = await asyncio.gather(small.call(failing), return_exceptions=True)
+        return answer, error if isinstance(error, BaseException) else None
+
+    try:
+        answer, error = asyncio.run(main())
+    finally:
+        small.close()
+    assert answer == classify.postprocess(request, features, outputs)
+    assert threads == [THREAD_NAME]
+    assert isinstance(error, ValueError) and "a bad output" in str(error)
