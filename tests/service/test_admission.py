@@ -185,6 +185,25 @@ def test_a_keep_alive_connection_gets_a_fresh_header_timeout_per_request(guarded
         assert client.get("/health/live").status_code == 200
 
 
+def test_a_kept_alive_connections_next_head_is_timed_from_its_own_first_byte(guarded_server: ServerProcess) -> None:
+    sock = _connect(guarded_server)
+    try:
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        time.sleep(HEADER_TIMEOUT_S * 0.6)  # past most of the first head's deadline
+        start = time.perf_counter()
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: x\r\n")  # a head that never ends
+        rest = _read_all(sock)
+    finally:
+        sock.close()
+    elapsed = time.perf_counter() - start
+    assert HEADER_TIMEOUT_S - 0.2 < elapsed < HEADER_TIMEOUT_S + 1.5, elapsed
+    assert b"HTTP/1.1 408 " in rest, rest
+
+
 def test_oversized_headers_get_431_and_the_connection_closed(guarded_server: ServerProcess) -> None:
     sock = _connect(guarded_server)
     try:
