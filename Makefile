@@ -174,16 +174,19 @@ loadtest: install proto $(LOADTEST_BUNDLES)
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile $(LOADTEST_PROFILE) $(LOADTEST_ARGS)
 
 # The measured runs of docs/benchmarks.md (about 20 minutes): /classify, QA.Extract and /embed at 32 users beside the naive
-# and the triton peer, then the overload profile.
+# and the triton peer, then the overload profile. Every run happens whatever the ones before found; the exit status is
+# the first non-zero one (3: one of ours regressed, 4: a failed check).
 loadtest-acceptance: install proto triton-venv $(LOADTEST_BUNDLES)
+	@status=0; keep() { code=$$?; if [ $$status -eq 0 ]; then status=$$code; fi; }; \
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile steady --peers --mix /classify \
-		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-classify
+		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-classify || keep; \
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile steady --peers --mix QA.Extract \
-		--models qa=minilm-squad --squad $(SQUAD_DEV) --tag acceptance-qa-grpc
+		--models qa=minilm-squad --squad $(SQUAD_DEV) --tag acceptance-qa-grpc || keep; \
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile steady --peers --mix /embed \
-		--models embed=minilm --sst2 $(SST2_DEV) --tag acceptance-embed
+		--models embed=minilm --sst2 $(SST2_DEV) --tag acceptance-embed || keep; \
 	$(CPU_LOCK) $(VENV)/bin/bertserve loadtest --profile overload --mix "/classify=1,Classifier.Classify=1" \
-		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-overload
+		--models classify=minilm-sst2 --sst2 $(SST2_DEV) --tag acceptance-overload || keep; \
+	exit $$status
 
 # The hostile profile against the default server (about 6 minutes): distinct option values, maximum-size requests,
 # a 500-connection flood, slow clients, malformed requests; exit 4 when a bound breaks. HOSTILE_ARGS, e.g.
