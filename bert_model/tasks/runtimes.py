@@ -51,6 +51,9 @@ REQUIRED_INPUTS = ("input_ids", "attention_mask")
 Feed = Mapping[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
 
+_OPENVINO_PRIMING = threading.Lock()
+"""Held while an OpenVINO variant makes its first calls (`OpenVinoVariant._prime`)."""
+
 
 def without_openvino_telemetry() -> None:
     """Keep OpenVINO's usage telemetry out of this process; call before openvino or nncf is first imported.
@@ -257,6 +260,19 @@ class OpenVinoVariant(OpenedVariant):
         self._lone_ports = self._contract_ports(path, self.compiled_lone) if self.lone_copy else {}
         self.input_names = _graph_inputs(path, {node.get_any_name() for node in self.compiled.inputs})
         self._local = threading.local()
+        self._prime()
+
+    def _prime(self) -> None:
+        """One call of each compiled model on this thread, one variant at a time in the process, before any thread
+        serves. OpenVINO's Python binding initialises function-local statics (its view of numpy's C API) on the
+        first call that converts inputs: two threads making their first calls at once can deadlock there, one
+        holding the GIL while it waits for the other's initialisation, the other waiting for the GIL inside it (a
+        server that hung at warm-up with both runtime threads stopped in `data_dispatcher`)."""
+        feed = {name: np.ones((1, 2), dtype=np.int64) for name in self.input_names}
+        with _OPENVINO_PRIMING:
+            self.run(feed)
+            if self.lone_copy:
+                self.run(feed, alone=True)
 
     def _contract_ports(self, path: Path, compiled: Any) -> dict[str, Any]:
         """Each contract output's port: a compiled output may carry several names (a fused node's among them)."""

@@ -81,6 +81,47 @@ def test_openvino_streams_give_the_same_answers(tiny_bundles: dict[str, Path], t
         np.testing.assert_allclose(left["logits"], right["logits"], atol=1e-5)
 
 
+FIRST_CALLS_AT_ONCE = """
+import sys, threading
+from pathlib import Path
+import numpy as np
+from bert_model.tasks.runtimes import open_variant
+from bert_model.tasks.spec import BundleManifest
+folder = Path(sys.argv[1])
+manifest = BundleManifest.read(folder)
+spec = manifest.variants["openvino-fp32"]
+variant = open_variant(folder / spec.file, spec, manifest.output_names)
+ids = np.ones((4, 16), dtype=np.int64)
+feed = {"input_ids": ids, "attention_mask": ids, "token_type_ids": np.zeros_like(ids)}
+start = threading.Barrier(8)
+def call():
+    start.wait()
+    variant.run(feed)
+threads = [threading.Thread(target=call) for _ in range(8)]
+[thread.start() for thread in threads]
+[thread.join() for thread in threads]
+print("answered")
+"""
+
+
+def test_the_first_calls_of_an_openvino_variant_from_many_threads_at_once_all_return(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """OpenVINO's binding sets up its numpy statics on a first call; first calls from two threads at once could
+    deadlock there (a server hung at warm-up; without the first calls made when the variant opens, 3 of 10 fresh
+    processes of this script hung while another process kept a core busy, 0 of 20 with them)."""
+    pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
+    import subprocess
+    import sys
+
+    folder = with_openvino_variant(tiny_bundles["classify"], tmp_path)
+    for _ in range(4):  # a fresh process each: the statics are set up once per process
+        done = subprocess.run(
+            [sys.executable, "-c", FIRST_CALLS_AT_ONCE, str(folder)], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "answered", done.stderr[-2000:]
+
+
 def test_a_lone_batch_runs_on_the_latency_copy_and_others_on_streams(
     tiny_bundles: dict[str, Path], tmp_path: Path
 ) -> None:
