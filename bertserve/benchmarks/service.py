@@ -109,8 +109,13 @@ class Server:
         return values
 
     def stop(self) -> int:
+        """SIGTERM and the server's exit status; a server still running 60 s later is killed (-9)."""
         self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(60)
+        try:
+            code = self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
         self._log.close()
         return code
 
