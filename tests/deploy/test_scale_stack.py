@@ -4,9 +4,9 @@ Run by `make scale-test` (and so by CI, after `make compose-test`, whose api ima
 `make test`. Scenarios, in order, on one stack:
 1. share: each replica serves a third (±20%) of a steady locust load (REST and gRPC), and of the calls of one gRPC
    channel, counted by each replica's own /metrics; Prometheus scrapes all three and records the queue series.
-2. kill: SIGKILL of one replica under load. Failed calls are at most those in flight on it at that moment, none of
-   the calls sent after; HAProxy marks it down within its check interval x fall (+ the check timeout);
-   `docker compose up` brings it back and it serves again.
+2. kill: SIGKILL of one replica under load. Failed calls are at most those in flight on it while the kill command
+   ran (the process dies at some moment in it), none of the calls sent after; HAProxy marks it down within its
+   check interval x fall (+ the check timeout); `docker compose up` brings it back and it serves again.
 3. rolling restart: each replica in turn stopped with SIGTERM (exit 0 after its drain), started, healthy and back
    in the balancer before the next: no failed call, no connection reset.
 Load is sent only to the balancer's ports on 127.0.0.1; each replica's /metrics is read inside its container.
@@ -404,6 +404,7 @@ def test_a_killed_replica_fails_only_its_calls_in_flight_and_comes_back(stack: S
         time.sleep(5)
         killed_at = time.time()
         docker("kill", "--signal", "KILL", victim)
+        killed_by = time.time()  # the process died between the two: the docker command takes tens of ms
         marked_down_s = None
         while time.time() - killed_at < MARK_DOWN_S + 5:
             state = stack.servers()
@@ -424,10 +425,12 @@ def test_a_killed_replica_fails_only_its_calls_in_flight_and_comes_back(stack: S
     on_victim = [
         line
         for line in log
-        if line.start <= killed_at < line.end and (line.server == slots.get(line.backend) or line.retries != "0")
+        if line.start <= killed_by
+        and line.end > killed_at
+        and (line.server == slots.get(line.backend) or line.retries != "0")
     ]
     failed = load.failures()
-    failed_after = [call for call in failed if call.start >= killed_at]
+    failed_after = [call for call in failed if call.start >= killed_by]
     figures = {
         "marked_down_s": None if marked_down_s is None else round(marked_down_s, 2),
         "mark_down_bound_s": MARK_DOWN_S,
@@ -439,6 +442,16 @@ def test_a_killed_replica_fails_only_its_calls_in_flight_and_comes_back(stack: S
         "calls": len(load.calls),
         "back_in_s": round(back_s, 1),
         "served_after_return": {k: after[k] - before[k] for k in after},
+        # every request HAProxy did not end normally, with its start and end relative to the kill
+        "abnormal_ends": [
+            f"{line.backend}/{line.server} {line.status} {line.termination} retries {line.retries} "
+            f"{line.start - killed_at:+.2f}..{line.end - killed_at:+.2f} s"
+            for line in log
+            if line.termination != "----" and line.end >= killed_at - 1
+        ][:10],
+        "failed_calls": [
+            f"{call.protocol} {call.start - killed_at:+.2f}..{call.end - killed_at:+.2f} s" for call in failed
+        ][:5],
         "errors": sorted({call.error or "" for call in failed})[:5],
     }
     record("kill", figures)
