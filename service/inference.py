@@ -141,7 +141,7 @@ class InferenceService:
         """Requests receiving and at work over both front doors (the REST middleware and the gRPC interceptor)."""
         self.executor = BoundedExecutor(settings.tokenize_threads, settings.tokenize_queue)
         self.small_requests = SmallRequests()
-        """Builds the features of small requests off the event loop, those that come together in one call."""
+        """Builds and post-processes small requests off the event loop, those that come together in one round."""
         self.reservations = QueueReservations(self.metrics)
         self.long_gate = (
             LongBatchGate(settings.priority_width, settings.max_batch_size, settings.priority_batch_tokens)
