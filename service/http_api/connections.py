@@ -14,6 +14,10 @@ collects headers without a size limit (h11's `h11_max_incomplete_event_size` is 
 
 A connection in any of these phases costs a socket and this object, no task and no thread. `on_cut(phase)` is
 told of every cut (headers, header_size, body) for the metrics.
+
+The protocol also writes what one turn of the event loop sends on a connection in one system call
+(`_CoalescingTransport`): uvicorn writes a response's head and its body separately, and each write on an idle
+socket is a `send` of its own (and a TCP segment of its own, with `TCP_NODELAY`), paid on the event loop.
 References: https://www.uvicorn.org/settings/#timeouts , RFC 9110 sections 15.5.9 (408) and RFC 6585 section 5
 (431).
 """
@@ -62,6 +66,60 @@ class _Limits:
     on_cut: Callable[[str], None] | None
 
 
+class _CoalescingTransport:
+    """A transport whose writes are gathered and handed to `transport` once, at the end of the event loop's turn
+    (`call_soon`), in one `writelines`; `close()` and `write_eof()` send what is gathered first, `abort()` drops
+    it. Everything else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data) if not isinstance(data, bytes) else data)
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        if self._transport.is_closing():
+            return
+        if len(pending) == 1:
+            self._transport.write(pending[0])
+        else:
+            self._transport.writelines(pending)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._pending = []
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _Guarded(HttpToolsProtocol):
     limits: _Limits
 
@@ -75,7 +133,7 @@ class _Guarded(HttpToolsProtocol):
 
     # ---- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         self._await_head()  # a new connection owes its first request head
 
     def data_received(self, data: bytes) -> None:
