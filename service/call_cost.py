@@ -33,6 +33,11 @@ PROBE_WIDTH = 32
 PROBE_ROUNDS = 5
 MAX_OVERHEAD_TOKENS = 256
 """Upper bound of the estimate (a timing disturbed by another process must not stop batching)."""
+MIN_OVERHEAD_TOKENS = 4
+"""Lower bound of the estimate. Every call has a fixed cost (the hand-off to the runtime's threads, the output
+arrays: some 100 microseconds, several tokens' worth on a CPU), but a one-row probe slowed by another process makes
+the estimate 0, and with 0 the cut never pads a row, so batches hold only rows of one length. An estimate below this
+is measured once more, and the larger of the two kept, at least this."""
 
 
 def overhead_tokens(one: float, many: float, rows: int, width: int) -> int:
@@ -51,8 +56,13 @@ async def measure_overhead_tokens(
     (`feed(n)`: the inputs of a call of n such rows)."""
     if rows < 2:
         return 0
-    one, many = await _alternate_medians(infer, feed(1), feed(rows))
-    return overhead_tokens(one, many, rows, width)
+    one_row, many_rows = feed(1), feed(rows)
+    tokens = overhead_tokens(*await _alternate_medians(infer, one_row, many_rows), rows, width)
+    if tokens < MIN_OVERHEAD_TOKENS:
+        again = overhead_tokens(*await _alternate_medians(infer, one_row, many_rows), rows, width)
+        log.info("a call's fixed cost measured %d and %d tokens; keeping at least %d", tokens, again, MIN_OVERHEAD_TOKENS)
+        tokens = max(tokens, again, MIN_OVERHEAD_TOKENS)
+    return tokens
 
 
 async def _alternate_medians(
