@@ -60,7 +60,9 @@ async def measure_overhead_tokens(
     tokens = overhead_tokens(*await _alternate_medians(infer, one_row, many_rows), rows, width)
     if tokens < MIN_OVERHEAD_TOKENS:
         again = overhead_tokens(*await _alternate_medians(infer, one_row, many_rows), rows, width)
-        log.info("a call's fixed cost measured %d, then %d tokens (kept: at least %d)", tokens, again, MIN_OVERHEAD_TOKENS)
+        log.info(
+            "a call's fixed cost measured %d, then %d tokens; at least %d kept", tokens, again, MIN_OVERHEAD_TOKENS
+        )
         tokens = max(tokens, again, MIN_OVERHEAD_TOKENS)
     return tokens
 
