@@ -15,9 +15,9 @@ collects headers without a size limit (h11's `h11_max_incomplete_event_size` is 
 A connection in any of these phases costs a socket and this object, no task and no thread. `on_cut(phase)` is
 told of every cut (headers, header_size, body) for the metrics.
 
-The protocol also writes what one turn of the event loop sends on a connection in one system call
-(`_CoalescingTransport`): uvicorn writes a response's head and its body separately, and each write on an idle
-socket is a `send` of its own (and a TCP segment of its own, with `TCP_NODELAY`), paid on the event loop.
+The protocol also sends a response's head and body in one system call (`_CoalescingTransport`): uvicorn writes
+them separately, and each write on an idle socket is a `send` of its own (and a TCP segment of its own, with
+`TCP_NODELAY`), paid on the event loop.
 References: https://www.uvicorn.org/settings/#timeouts , RFC 9110 sections 15.5.9 (408) and RFC 6585 section 5
 (431).
 """
@@ -67,36 +67,37 @@ class _Limits:
 
 
 class _CoalescingTransport:
-    """A transport whose writes are gathered and handed to `transport` once, at the end of the event loop's turn
-    (`call_soon`), in one `writelines`; `close()` and `write_eof()` send what is gathered first, `abort()` drops
-    it. Everything else is the transport's own."""
+    """A transport that holds a response head back until the write that follows it (uvicorn writes a response's
+    head, then its body, in the same step of the request's task) and sends the two in one `writelines`; a head
+    that no write follows in this turn of the event loop (a 100 Continue, a response without a body) is sent at
+    the end of the turn (`call_soon`). `close()` and `write_eof()` send a held head first, `abort()` drops it.
+    Everything else is the transport's own."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
-        self._pending: list[bytes] = []
+        self._head: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
-        if not self._pending:
+        head, self._head = self._head, None
+        if head is not None:
+            self._transport.writelines([head, data])
+        elif data[:5] == b"HTTP/" and data[-4:] == b"\r\n\r\n":
+            self._head = bytes(data)
             self._loop.call_soon(self._flush)
-        self._pending.append(bytes(data) if not isinstance(data, bytes) else data)
+        else:
+            self._transport.write(data)
 
     def writelines(self, lines: Any) -> None:
         for data in lines:
             self.write(data)
 
     def _flush(self) -> None:
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        if self._transport.is_closing():
-            return
-        if len(pending) == 1:
-            self._transport.write(pending[0])
-        else:
-            self._transport.writelines(pending)
+        head, self._head = self._head, None
+        if head is not None and not self._transport.is_closing():
+            self._transport.write(head)
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()
@@ -110,11 +111,11 @@ class _CoalescingTransport:
         self._transport.write_eof()
 
     def abort(self) -> None:
-        self._pending = []
+        self._head = None
         self._transport.abort()
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+        return self._transport.get_write_buffer_size() + (len(self._head) if self._head is not None else 0)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

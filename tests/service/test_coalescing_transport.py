@@ -1,5 +1,5 @@
-"""The HTTP protocol's transport wrapper: what one turn of the event loop writes goes out in one call, in order;
-closing sends it first, aborting drops it."""
+"""The HTTP protocol's transport wrapper: a response head goes out with the write that follows it, in one call;
+a head nothing follows goes out at the end of the event loop's turn; closing sends it first, aborting drops it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import asyncio
 from typing import Any
 
 from service.http_api.connections import _CoalescingTransport
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n"
 
 
 class _Recorder:
@@ -17,10 +19,10 @@ class _Recorder:
         self.closing = False
 
     def write(self, data: bytes) -> None:
-        self.calls.append(("write", data))
+        self.calls.append(("write", bytes(data)))
 
     def writelines(self, lines: list[bytes]) -> None:
-        self.calls.append(("writelines", b"".join(lines)))
+        self.calls.append(("writelines", b"".join(bytes(line) for line in lines)))
 
     def is_closing(self) -> bool:
         return self.closing
@@ -47,39 +49,50 @@ async def _turn() -> None:
     await asyncio.sleep(0)
 
 
-def test_the_writes_of_one_turn_reach_the_transport_in_one_call_in_order() -> None:
+def test_a_head_goes_out_with_the_body_that_follows_it_in_one_call() -> None:
     async def main() -> list[tuple[str, Any]]:
         inner = _Recorder()
         outer = _CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
-        outer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        outer.write(HEAD)
+        assert inner.calls == []  # held for the body
+        assert outer.get_write_buffer_size() == len(HEAD)
         outer.write(bytearray(b"{}"))
+        assert inner.calls == [("writelines", HEAD + b"{}")]  # at once, not at the end of the turn
         outer.write(b"")
-        assert inner.calls == []  # nothing sent before the turn ends
-        assert outer.get_write_buffer_size() == 40
-        await _turn()
-        outer.write(b"next")
+        outer.write(b"more")  # not a head: straight through
         await _turn()
         return inner.calls
 
     calls = asyncio.run(main())
-    assert calls == [("writelines", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"), ("write", b"next")]
+    assert calls == [("writelines", HEAD + b"{}"), ("write", b"more")]
 
 
-def test_close_sends_what_is_gathered_first_and_abort_drops_it() -> None:
+def test_a_head_nothing_follows_goes_out_at_the_end_of_the_turn() -> None:
+    async def main() -> list[tuple[str, Any]]:
+        inner = _Recorder()
+        outer = _CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
+        outer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await _turn()
+        return inner.calls
+
+    assert asyncio.run(main()) == [("write", b"HTTP/1.1 100 Continue\r\n\r\n")]
+
+
+def test_close_sends_a_held_head_first_and_abort_drops_it() -> None:
     async def main() -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
         loop = asyncio.get_running_loop()
         closed, aborted = _Recorder(), _Recorder()
         first = _CoalescingTransport(closed, loop)  # type: ignore[arg-type]
-        first.write(b"answer")
+        first.write(HEAD)
         first.close()
         second = _CoalescingTransport(aborted, loop)  # type: ignore[arg-type]
-        second.write(b"lost")
+        second.write(HEAD)
         second.abort()
         await _turn()  # the scheduled sends find nothing left
         return closed.calls, aborted.calls
 
     closed, aborted = asyncio.run(main())
-    assert closed == [("write", b"answer"), ("close", None)]
+    assert closed == [("write", HEAD), ("close", None)]
     assert aborted == [("abort", None)]
 
 
@@ -87,10 +100,10 @@ def test_write_eof_sends_first_and_the_rest_is_the_transports_own() -> None:
     async def main() -> tuple[list[tuple[str, Any]], str]:
         inner = _Recorder()
         outer = _CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
-        outer.writelines([b"a", b"b"])
+        outer.writelines([HEAD])
         outer.write_eof()
         return inner.calls, outer.get_extra_info("peername")
 
     calls, info = asyncio.run(main())
-    assert calls == [("writelines", b"ab"), ("write_eof", None)]
+    assert calls == [("write", HEAD), ("write_eof", None)]
     assert info == "info:peername"
