@@ -50,16 +50,20 @@ def overhead_tokens(one: float, many: float, rows: int, width: int) -> int:
 
 
 async def measure_overhead_tokens(
-    infer: Infer, feed: Callable[[int], dict[str, np.ndarray]], rows: int, width: int
+    infer: Infer,
+    feed: Callable[[int], dict[str, np.ndarray]],
+    rows: int,
+    width: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> int:
     """`overhead_tokens` of the backend behind `infer`, timing calls of 1 and of `rows` rows of `width` tokens
     (`feed(n)`: the inputs of a call of n such rows)."""
     if rows < 2:
         return 0
     one_row, many_rows = feed(1), feed(rows)
-    tokens = overhead_tokens(*await _alternate_medians(infer, one_row, many_rows), rows, width)
+    tokens = overhead_tokens(*await _alternate_medians(infer, one_row, many_rows, clock), rows, width)
     if tokens < MIN_OVERHEAD_TOKENS:
-        again = overhead_tokens(*await _alternate_medians(infer, one_row, many_rows), rows, width)
+        again = overhead_tokens(*await _alternate_medians(infer, one_row, many_rows, clock), rows, width)
         log.info(
             "a call's fixed cost measured %d, then %d tokens; at least %d kept", tokens, again, MIN_OVERHEAD_TOKENS
         )

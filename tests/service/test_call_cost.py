@@ -25,52 +25,6 @@ def test_overhead_tokens_from_two_timings() -> None:
     assert overhead_tokens(1.0, 1.0 + 1e-6, 8, 32) == MAX_OVERHEAD_TOKENS  # capped
 
 
-def test_measured_on_a_backend_whose_calls_cost_fixed_plus_per_token() -> None:
-    """A backend that sleeps 20 ms per call plus 1 ms per padded token: 20 tokens of fixed cost (a timer's
-    overshoot adds a little)."""
-    shapes: list[tuple[int, ...]] = []
-
-    async def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        shapes.append(inputs["input_ids"].shape)
-        await asyncio.sleep(0.020 + 1e-3 * inputs["input_ids"].size)
-        return {}
-
-    def feed(rows: int) -> dict[str, np.ndarray]:
-        return {"input_ids": np.ones((rows, 32), dtype=np.int64)}
-
-    tokens = asyncio.run(measure_overhead_tokens(infer, feed, 4, 32))
-    assert 17 <= tokens <= 30, tokens
-    assert set(shapes) == {(1, 32), (4, 32)}
-    assert asyncio.run(measure_overhead_tokens(infer, feed, 1, 32)) == 0  # no batches: nothing to weigh
-
-
-def test_an_estimate_under_the_floor_is_measured_again_and_kept_at_least_the_floor() -> None:
-    """A backend of 5 ms per call + 0.1 ms per token (50 tokens of fixed cost) whose many-row calls are slowed by
-    20 ms in the first probe (another process on the cores) seems to have none; the second probe finds its real
-    cost. A backend that truly has none is kept at the floor."""
-    shapes: list[tuple[int, ...]] = []
-
-    async def disturbed_at_first(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        shapes.append(inputs["input_ids"].shape)
-        seconds = 0.005 + 1e-4 * inputs["input_ids"].size
-        if len(shapes) <= 10 and inputs["input_ids"].shape[0] > 1:
-            seconds += 0.020
-        await asyncio.sleep(seconds)
-        return {}
-
-    async def no_fixed_cost(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        await asyncio.sleep(2e-4 * inputs["input_ids"].size)
-        return {}
-
-    def feed(rows: int) -> dict[str, np.ndarray]:
-        return {"input_ids": np.ones((rows, 32), dtype=np.int64)}
-
-    tokens = asyncio.run(measure_overhead_tokens(disturbed_at_first, feed, 4, 32))
-    assert len(shapes) == 20  # measured twice
-    assert 40 <= tokens <= 80, tokens
-    assert asyncio.run(measure_overhead_tokens(no_fixed_cost, feed, 4, 32)) == MIN_OVERHEAD_TOKENS
-
-
 class _Clock:
     """A clock that a fake backend moves on by the time its call would take."""
 
@@ -87,6 +41,49 @@ def _fake_backend(clock: _Clock, seconds: Callable[[int], float]) -> Callable[..
         return {}
 
     return infer
+
+
+def _rows_backend(
+    clock: _Clock, seconds: Callable[[int], float], shapes: list[tuple[int, ...]]
+) -> Callable[..., Awaitable[dict[str, np.ndarray]]]:
+    """A backend whose call on inputs of shape (rows, width) moves `clock` on by `seconds(rows x width)`."""
+
+    async def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shapes.append(inputs["input_ids"].shape)
+        clock.now += seconds(inputs["input_ids"].size)
+        return {}
+
+    return infer
+
+
+def _probe_feed(rows: int) -> dict[str, np.ndarray]:
+    return {"input_ids": np.ones((rows, 32), dtype=np.int64)}
+
+
+def test_measured_on_a_backend_whose_calls_cost_fixed_plus_per_token() -> None:
+    """A backend of 20 ms per call plus 1 ms per padded token: 20 tokens of fixed cost."""
+    clock, shapes = _Clock(), list[tuple[int, ...]]()
+    infer = _rows_backend(clock, lambda tokens: 0.020 + 1e-3 * tokens, shapes)
+    assert asyncio.run(measure_overhead_tokens(infer, _probe_feed, 4, 32, clock=clock)) == 20
+    assert set(shapes) == {(1, 32), (4, 32)}
+    assert asyncio.run(measure_overhead_tokens(infer, _probe_feed, 1, 32, clock=clock)) == 0  # no batches
+
+
+def test_an_estimate_under_the_floor_is_measured_again_and_kept_at_least_the_floor() -> None:
+    """A backend of 5 ms per call + 0.1 ms per token (50 tokens of fixed cost) whose many-row calls are slowed by
+    20 ms in the first probe (another process on the cores) seems to have none; the second probe finds its real
+    cost. A backend that truly has none is kept at the floor."""
+    clock, shapes = _Clock(), list[tuple[int, ...]]()
+
+    def disturbed_at_first(tokens: int) -> float:
+        slowed = len(shapes) <= 10 and tokens > 32
+        return 0.005 + 1e-4 * tokens + (0.020 if slowed else 0.0)
+
+    infer = _rows_backend(clock, disturbed_at_first, shapes)
+    assert asyncio.run(measure_overhead_tokens(infer, _probe_feed, 4, 32, clock=clock)) == 50
+    assert len(shapes) == 20  # measured twice
+    no_fixed_cost = _rows_backend(clock, lambda tokens: 2e-4 * tokens, [])
+    assert asyncio.run(measure_overhead_tokens(no_fixed_cost, _probe_feed, 4, 32, clock=clock)) == MIN_OVERHEAD_TOKENS
 
 
 def _feed(rows: int, tokens: int, width: int) -> dict[str, np.ndarray]:
