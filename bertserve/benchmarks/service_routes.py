@@ -1,6 +1,8 @@
 """Per route, where the server's CPU goes: closed-loop clients against one running server, and for each answer the
 server's CPU split into event loop / tokenization / runtime / other (`bertserve.benchmarks.thread_cpu`), the padded
-over real tokens its batches computed, throughput and latency.
+over real tokens its batches computed, throughput and latency; and where the latency goes: the p50 and p99 of each
+stage the server reports per answer (its `x-<stage>-time-ms` headers / trailing metadata: tokenize, queue,
+inference, postprocess) and of the rest of the client's wait (the front door, hand-offs between stages, the client).
 
 Routes: REST `/classify`, `/embed` (SST-2 sentences), `/ner` (CoNLL-2003 sentences), `/qa` (SQuAD questions and
 contexts) and gRPC `Classifier.Classify` (SST-2), each only when the server serves its task. Payloads come from the
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +25,27 @@ import numpy as np
 from bertserve.benchmarks.thread_cpu import PARTS, cpu_by_part, per_answer_ms, snapshot
 from loadtests.payloads import Payloads
 
-Call = Callable[[int], Awaitable[bool]]
-"""One request (the i-th of a client's loop): True when it was answered 200 / OK."""
+STAGES = ("tokenize", "queue", "inference", "postprocess")
+"""The stages of a request the server times and reports (`x-<stage>-time-ms`)."""
+
+Stages = dict[str, float]
+"""A stage's milliseconds by stage name, as one answer reported them."""
+
+Call = Callable[[int], Awaitable[Stages | None]]
+"""One request (the i-th of a client's loop): the stage times of its answer when it was answered 200 / OK, else
+None."""
+
+
+def reported_stages(pairs: Iterable[tuple[str, Any]]) -> Stages:
+    """The stage times in a response's headers or a call's trailing metadata, as (name, value) pairs; a stage the
+    server did not report is left out."""
+    values = {str(key).lower(): value for key, value in pairs}
+    found: Stages = {}
+    for stage in STAGES:
+        value = values.get(f"x-{stage}-time-ms")
+        if value is not None:
+            found[stage] = float(value)
+    return found
 
 
 @dataclass(frozen=True)
@@ -65,8 +86,10 @@ def token_totals(exposition: str, model: str) -> tuple[float, float]:
 
 
 async def closed_loop(call: Call, clients: int, duration: float) -> dict[str, Any]:
-    """`clients` loops calling `call` back to back for `duration` seconds: answers, rate, latency percentiles."""
+    """`clients` loops calling `call` back to back for `duration` seconds: answers, rate, latency percentiles, and
+    the p50 / p99 of each stage the answers reported and of the rest of the wait (`other`)."""
     latencies: list[float] = []
+    stages: list[Stages] = []
     failed = 0
     stop_at = time.perf_counter() + duration
 
@@ -75,8 +98,10 @@ async def closed_loop(call: Call, clients: int, duration: float) -> dict[str, An
         index = offset
         while time.perf_counter() < stop_at:
             start = time.perf_counter()
-            if await call(index):
+            reported = await call(index)
+            if reported is not None:
                 latencies.append((time.perf_counter() - start) * 1000)
+                stages.append(reported)
             else:
                 failed += 1
             index += clients
@@ -91,6 +116,21 @@ async def closed_loop(call: Call, clients: int, duration: float) -> dict[str, An
         "answers_per_s": len(latencies) / wall,
         "p50_ms": float(np.percentile(values, 50)),
         "p99_ms": float(np.percentile(values, 99)),
+        "stages_ms": stage_percentiles(latencies, stages),
+    }
+
+
+def stage_percentiles(latencies: list[float], stages: list[Stages]) -> dict[str, dict[str, float]]:
+    """{stage: {p50, p99}} over the answers that reported every stage, with `other`: each answer's latency less
+    its stages."""
+    complete = [(total, got) for total, got in zip(latencies, stages, strict=True) if len(got) == len(STAGES)]
+    if not complete:
+        return {}
+    columns = {stage: [got[stage] for _, got in complete] for stage in STAGES}
+    columns["other"] = [total - sum(got.values()) for total, got in complete]
+    return {
+        stage: {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
+        for stage, values in columns.items()
     }
 
 
@@ -143,20 +183,21 @@ async def measure_routes(
         classifier = pb_grpc.ClassifierStub(channel)
 
         def rest(route: str) -> Call:
-            async def call(index: int) -> bool:
+            async def call(index: int) -> Stages | None:
                 async with session.post(route, json=rest_body(route, payloads, index)) as answer:
                     await answer.read()
-                    return answer.status == 200
+                    return reported_stages(answer.headers.items()) if answer.status == 200 else None
 
             return call
 
-        async def classify_rpc(index: int) -> bool:
+        async def classify_rpc(index: int) -> Stages | None:
             text = payloads.classify[index % len(payloads.classify)]
+            rpc = classifier.Classify(pb.ClassifyRequest(inputs=[pb.TextInput(text=text)]), timeout=60)
             try:
-                await classifier.Classify(pb.ClassifyRequest(inputs=[pb.TextInput(text=text)]), timeout=60)
+                await rpc
             except grpc.aio.AioRpcError:
-                return False
-            return True
+                return None
+            return reported_stages(tuple(await rpc.trailing_metadata()))  # iterated: (key, value) pairs
 
         for route in ROUTES:
             model = defaults.get(route.task)
@@ -190,4 +231,20 @@ def routes_markdown(routes: dict[str, dict[str, Any]], clients: int, duration: f
             f"{100 * cpu['outside_runtime_share']:.0f}%",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    staged = {name: row["stages_ms"] for name, row in routes.items() if row.get("stages_ms")}
+    if staged:
+        columns = [*STAGES, "other"]
+        lines += [
+            "",
+            "Where an answer's latency goes (ms, p50 / p99 of each part on its own; `other`: the latency less the "
+            "server's stages, i.e. the front door, the hand-offs between stages and the client):",
+            "",
+            "| " + " | ".join(["route", "latency", *columns]) + " |",
+            "|" + "---|" * (len(columns) + 2),
+        ]
+        for name, stages in staged.items():
+            row = routes[name]
+            cells = [f"`{name}`", f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f}"]
+            cells += [f"{stages[stage]['p50']:.1f} / {stages[stage]['p99']:.1f}" for stage in columns]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bert_model.hardware import read_cpu_info
 from bertserve.benchmarks.report import command_line, provenance, write_report
 from bertserve.benchmarks.service import markdown
@@ -57,11 +59,12 @@ def test_report_names_an_epyc_zen4_without_amx(tmp_path: Path) -> None:
 
 def test_routes_part_splits_a_real_servers_cpu_per_answer(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
     """Against a real server (classify, qa, embed): every route it serves is measured, its CPU per answer split
-    into the four parts (adding up to the total), padded / real tokens >= 1; a route whose task is not served
-    (/ner) is left out; the Markdown table has a row per route."""
+    into the four parts (adding up to the total), padded / real tokens >= 1, its latency split into the stages
+    every answer reported (REST headers, gRPC trailing metadata); a route whose task is not served (/ner) is left
+    out; both Markdown tables have a row per route."""
     import asyncio
 
-    from bertserve.benchmarks.service_routes import measure_routes, routes_markdown
+    from bertserve.benchmarks.service_routes import STAGES, measure_routes, routes_markdown
     from bertserve.benchmarks.thread_cpu import PARTS
     from loadtests.payloads import load_payloads
     from tests.service.server import serving
@@ -77,8 +80,26 @@ def test_routes_part_splits_a_real_servers_cpu_per_answer(tiny_bundles: dict[str
         assert abs(sum(cpu[part] for part in PARTS) - cpu["total"]) < 1e-6 and cpu["total"] > 0, (name, cpu)
         assert cpu["event_loop"] > 0 and 0 <= cpu["outside_runtime_share"] <= 1, (name, cpu)
         assert row["padded_over_real"] >= 1.0, (name, row)
+        stages = row["stages_ms"]
+        assert list(stages) == [*STAGES, "other"], (name, stages)
+        assert all(0 <= stages[stage]["p50"] <= stages[stage]["p99"] for stage in STAGES), (name, stages)
+        assert 0 < stages["inference"]["p50"] < row["p50_ms"] and stages["other"]["p50"] > 0, (name, row)
     table = routes_markdown(routes, 4, 1.5)
-    assert table.count("\n| `") == 4 and "| route | answers/s |" in table
+    assert table.count("\n| `") == 8 and "| route | answers/s |" in table and "| route | latency | tokenize |" in table
+
+
+def test_stages_are_read_from_headers_or_metadata_and_the_rest_is_other() -> None:
+    from bertserve.benchmarks.service_routes import reported_stages, stage_percentiles
+
+    headers = {"X-Tokenize-Time-Ms": "1.0", "x-queue-time-ms": "4", "x-inference-time-ms": "3", "x-model": "m"}
+    assert reported_stages(headers.items()) == {"tokenize": 1.0, "queue": 4.0, "inference": 3.0}  # no postprocess sent
+    metadata = (("x-tokenize-time-ms", "1"), ("x-queue-time-ms", "2"), ("x-inference-time-ms", "3"))
+    full = reported_stages((*metadata, ("x-postprocess-time-ms", "0.5")))
+    assert full == {"tokenize": 1.0, "queue": 2.0, "inference": 3.0, "postprocess": 0.5}
+    parts = stage_percentiles([10.0, 20.0, 99.0], [full, full, reported_stages(headers.items())])
+    assert parts["queue"] == {"p50": 2.0, "p99": 2.0}  # the answer without every stage is left out
+    assert parts["other"] == {"p50": 8.5, "p99": pytest.approx(13.4)}  # of 10 - 6.5 and 20 - 6.5
+    assert stage_percentiles([5.0], [reported_stages(headers.items())]) == {}
 
 
 def test_thread_parts_follow_the_kernel_names() -> None:
