@@ -35,6 +35,7 @@ from service.http_api.app import create_app
 from service.http_api.connections import guarded_protocol
 from service.logs import configure_logging
 from service.settings import ServiceSettings
+from service.worker_threads import tokenize_on_the_calling_thread
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ def serve(settings: ServiceSettings) -> None:
     """Serve until SIGTERM / SIGINT, then drain and exit 0; or until the server fails for good, then drain and
     exit 1 (SystemExit) with the reason logged."""
     configure_logging(settings.log_level, settings.log_json)
+    tokenize_on_the_calling_thread()
     app = create_app(settings)
     service = app.state.service
 

@@ -27,6 +27,19 @@ on a megabyte of someone else's text. Nice 5 gives such a thread about a third o
 both want a core (Linux CFS weights 1024 vs 335); with the cores idle it runs at full speed."""
 INFER = "bs-infer"
 """Backend calls and the runtime pools they start (`service.ort_backend.OrtBackend`)."""
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
+"""The tokenizers library's switch of its own thread pool (rayon), read at each `encode_batch`."""
+
+
+def tokenize_on_the_calling_thread() -> None:
+    """Have the tokenizers library encode a batch on the thread that calls it, unless `TOKENIZERS_PARALLELISM` is
+    set already. By default it splits every `encode_batch` over a pool of its own, one thread per core, whose
+    workers spin a while on every batch waiting for more: in a server whose runtime keeps the cores busy that is CPU
+    taken from the runtime (measured on the Speed page, docs/benchmarks.md). The service tokenizes requests side by
+    side on its own threads instead (`service.small_requests`, the bounded pool of large requests)."""
+    os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
+
+
 PR_SET_NAME = 15
 MAX_NAME_BYTES = 15
 

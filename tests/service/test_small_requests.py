@@ -5,10 +5,12 @@ kept to their own request, and rounds that grow with the load."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from service.bundles import open_bundle
@@ -16,6 +18,7 @@ from service.errors import InputTooLong, InvalidInput
 from service.pipelines import Pipeline, Plan, make_pipeline
 from service.small_requests import THREAD_NAME, SmallRequests
 from service.task_inputs import ClassifyInput, NERInput
+from tests.service.server import serving
 
 TEXTS = ["a gripping, beautifully acted film", "dull", "an overlong mess that never finds its footing", "fine"]
 LONG = "word " * 2000
@@ -158,3 +161,24 @@ def test_post_processing_runs_on_the_thread_and_answers_as_on_the_loop(classify:
     assert answer == classify.postprocess(request, features, outputs)
     assert threads == [THREAD_NAME]
     assert isinstance(error, ValueError) and "a bad output" in str(error)
+
+
+def _threads_named(pid: int, name: str) -> int:
+    return sum((task / "comm").read_text().strip() == name for task in Path(f"/proc/{pid}/task").iterdir())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc")
+@pytest.mark.parametrize("parallelism", [None, "true"])
+def test_a_served_batch_is_tokenized_on_the_thread_that_asks_unless_told_otherwise(
+    tiny_bundles: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallelism: str | None
+) -> None:
+    """By default the server keeps the tokenizers library's own pool unstarted: its workers, started from the
+    small-request thread, would carry that thread's name. `TOKENIZERS_PARALLELISM=true` brings the pool back."""
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    env = {} if parallelism is None else {"TOKENIZERS_PARALLELISM": parallelism}
+    with serving([tiny_bundles["classify"]], tmp_path / "server.log", env) as server:
+        for _ in range(3):
+            response = httpx.post(server.url + "/classify", json={"inputs": TEXTS}, timeout=30)
+            assert response.status_code == 200, response.text
+        threads = _threads_named(server.process.pid, THREAD_NAME)
+    assert threads == 1 if parallelism is None else threads > 1, threads
