@@ -3,7 +3,7 @@
 Outcomes: `ok`; `rejected` (HTTP 429 / gRPC RESOURCE_EXHAUSTED: the queue was full, the service said so at
 once); `timeout` (HTTP 504 / gRPC DEADLINE_EXCEEDED / the client's network timeout); `error` (anything else).
 Server timings come from the `x-queue-time-ms` / `x-inference-time-ms` response headers (REST) or trailing
-metadata (gRPC); empty when the server sent none.
+metadata (gRPC); empty when the server sent none. `stage_times` reads every stage the service reports that way.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 OUTCOMES: tuple[str, ...] = ("ok", "rejected", "timeout", "error")
-QUEUE_HEADER = "x-queue-time-ms"
-INFERENCE_HEADER = "x-inference-time-ms"
+STAGES: tuple[str, ...] = ("tokenize", "queue", "inference", "postprocess")
+"""The stages of a request the service times and reports, each as an `x-<stage>-time-ms` header (REST) or trailing
+metadata entry (gRPC)."""
+_STAGE_HEADERS = {f"x-{stage}-time-ms": stage for stage in STAGES}
 TIMEOUT_WORDS = ("timeout", "timed out")
 WORKER_ENV = "BERTSERVE_LOADTEST_WORKER"
 """Set to a locust worker's index (1, 2, ...) in distributed mode: it writes its own samples and progress files."""
@@ -57,20 +59,27 @@ def _looks_like_timeout(exception: BaseException) -> bool:
     return any(word in text for word in TIMEOUT_WORDS)
 
 
-def server_times(headers: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> tuple[float, float]:
-    """(queue ms, inference ms) from response headers or gRPC metadata pairs; NaN where absent or garbled."""
+def stage_times(headers: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> dict[str, float]:
+    """stage -> ms from response headers or gRPC metadata pairs: stages the server did not send are left out,
+    garbled ones NaN."""
     if headers is None:
-        return math.nan, math.nan
+        return {}
     items = headers.items() if isinstance(headers, Mapping) else headers
     found: dict[str, float] = {}
     for key, value in items:
-        name = str(key).lower()
-        if name in (QUEUE_HEADER, INFERENCE_HEADER):
+        stage = _STAGE_HEADERS.get(str(key).lower())
+        if stage is not None:
             try:
-                found[name] = float(value)
+                found[stage] = float(value)
             except (TypeError, ValueError):
-                found[name] = math.nan
-    return found.get(QUEUE_HEADER, math.nan), found.get(INFERENCE_HEADER, math.nan)
+                found[stage] = math.nan
+    return found
+
+
+def server_times(headers: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> tuple[float, float]:
+    """(queue ms, inference ms) from response headers or gRPC metadata pairs; NaN where absent or garbled."""
+    times = stage_times(headers)
+    return times.get("queue", math.nan), times.get("inference", math.nan)
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Sample))

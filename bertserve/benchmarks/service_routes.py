@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,28 +24,14 @@ import numpy as np
 
 from bertserve.benchmarks.thread_cpu import PARTS, cpu_by_part, per_answer_ms, snapshot
 from loadtests.payloads import Payloads
-
-STAGES = ("tokenize", "queue", "inference", "postprocess")
-"""The stages of a request the server times and reports (`x-<stage>-time-ms`)."""
+from loadtests.samples import STAGES, stage_times
 
 Stages = dict[str, float]
-"""A stage's milliseconds by stage name, as one answer reported them."""
+"""A stage's milliseconds by stage name, as one answer reported them (`loadtests.samples.stage_times`)."""
 
 Call = Callable[[int], Awaitable[Stages | None]]
 """One request (the i-th of a client's loop): the stage times of its answer when it was answered 200 / OK, else
 None."""
-
-
-def reported_stages(pairs: Iterable[tuple[str, Any]]) -> Stages:
-    """The stage times in a response's headers or a call's trailing metadata, as (name, value) pairs; a stage the
-    server did not report is left out."""
-    values = {str(key).lower(): value for key, value in pairs}
-    found: Stages = {}
-    for stage in STAGES:
-        value = values.get(f"x-{stage}-time-ms")
-        if value is not None:
-            found[stage] = float(value)
-    return found
 
 
 @dataclass(frozen=True)
@@ -186,7 +172,7 @@ async def measure_routes(
             async def call(index: int) -> Stages | None:
                 async with session.post(route, json=rest_body(route, payloads, index)) as answer:
                     await answer.read()
-                    return reported_stages(answer.headers.items()) if answer.status == 200 else None
+                    return stage_times(answer.headers) if answer.status == 200 else None
 
             return call
 
@@ -197,7 +183,7 @@ async def measure_routes(
                 await rpc
             except grpc.aio.AioRpcError:
                 return None
-            return reported_stages(tuple(await rpc.trailing_metadata()))  # iterated: (key, value) pairs
+            return stage_times(tuple(await rpc.trailing_metadata()))  # iterated: (key, value) pairs
 
         for route in ROUTES:
             model = defaults.get(route.task)

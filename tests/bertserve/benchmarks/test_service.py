@@ -64,9 +64,10 @@ def test_routes_part_splits_a_real_servers_cpu_per_answer(tiny_bundles: dict[str
     out; both Markdown tables have a row per route."""
     import asyncio
 
-    from bertserve.benchmarks.service_routes import STAGES, measure_routes, routes_markdown
+    from bertserve.benchmarks.service_routes import measure_routes, routes_markdown
     from bertserve.benchmarks.thread_cpu import PARTS
     from loadtests.payloads import load_payloads
+    from loadtests.samples import STAGES
     from tests.service.server import serving
 
     with serving(list(tiny_bundles.values()), tmp_path / "server.log") as server:
@@ -89,17 +90,18 @@ def test_routes_part_splits_a_real_servers_cpu_per_answer(tiny_bundles: dict[str
 
 
 def test_stages_are_read_from_headers_or_metadata_and_the_rest_is_other() -> None:
-    from bertserve.benchmarks.service_routes import reported_stages, stage_percentiles
+    from bertserve.benchmarks.service_routes import stage_percentiles
+    from loadtests.samples import stage_times
 
     headers = {"X-Tokenize-Time-Ms": "1.0", "x-queue-time-ms": "4", "x-inference-time-ms": "3", "x-model": "m"}
-    assert reported_stages(headers.items()) == {"tokenize": 1.0, "queue": 4.0, "inference": 3.0}  # no postprocess sent
+    assert stage_times(headers) == {"tokenize": 1.0, "queue": 4.0, "inference": 3.0}  # no postprocess sent
     metadata = (("x-tokenize-time-ms", "1"), ("x-queue-time-ms", "2"), ("x-inference-time-ms", "3"))
-    full = reported_stages((*metadata, ("x-postprocess-time-ms", "0.5")))
+    full = stage_times((*metadata, ("x-postprocess-time-ms", "0.5")))
     assert full == {"tokenize": 1.0, "queue": 2.0, "inference": 3.0, "postprocess": 0.5}
-    parts = stage_percentiles([10.0, 20.0, 99.0], [full, full, reported_stages(headers.items())])
+    parts = stage_percentiles([10.0, 20.0, 99.0], [full, full, stage_times(headers)])
     assert parts["queue"] == {"p50": 2.0, "p99": 2.0}  # the answer without every stage is left out
     assert parts["other"] == {"p50": 8.5, "p99": pytest.approx(13.4)}  # of 10 - 6.5 and 20 - 6.5
-    assert stage_percentiles([5.0], [reported_stages(headers.items())]) == {}
+    assert stage_percentiles([5.0], [stage_times(headers)]) == {}
 
 
 def test_thread_parts_follow_the_kernel_names() -> None:
