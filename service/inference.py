@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -173,6 +174,11 @@ class InferenceService:
                 await self._warm_up(model)
             if self.settings.warmup_rounds:
                 await self._measure_call_cost(model)
+        # What loading left alive (modules, tokenizers, runtimes: some 100,000 objects) moves out of the collector's
+        # reach: a full collection then walks only what requests allocated since, instead of stopping the event
+        # loop for some 70 ms every few thousand requests to walk the server's own state.
+        gc.collect()
+        gc.freeze()
         self.state.ready = True
         self.metrics.ready.set(1)
 

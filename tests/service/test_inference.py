@@ -99,3 +99,27 @@ def test_warm_up_runs_one_batch_of_the_largest_shape_per_model(
     for name, (rows, width) in largest.items():
         expected = (max(1, min(rows, 512 // width)), width)
         assert expected in shapes[name], (name, shapes[name])
+
+
+def test_what_loading_left_alive_is_out_of_the_collectors_reach(tiny_bundles: dict[str, Path]) -> None:
+    """The server's own state (bundles, pipelines, batchers) is frozen once loaded, so a full collection under load
+    walks only what requests allocated."""
+    import gc
+
+    settings = ServiceSettings(models=[str(tiny_bundles["classify"])], warmup_rounds=1, grpc_port=-1)
+
+    async def load() -> tuple[bool, bool]:
+        service = InferenceService(settings)
+        try:
+            await service.load()
+            model = next(iter(service.models.values()))
+            tracked = {id(o) for o in gc.get_objects()}
+            return id(model) in tracked, id(model.pipeline) in tracked
+        finally:
+            await service.close()
+
+    gc.unfreeze()
+    try:
+        assert asyncio.run(load()) == (False, False)
+    finally:
+        gc.unfreeze()
