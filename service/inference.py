@@ -386,6 +386,7 @@ class InferenceService:
         self.executor.close()
         await asyncio.to_thread(self.small_requests.close)
         await asyncio.to_thread(self.tracer.shutdown)
+        gc.unfreeze()  # what `load` froze goes back to the collector, so the state released here can be freed
 
     # ---- lookup -----------------------------------------------------------------------------------
     def model_for(self, task: str, name: str | None) -> LoadedModel:

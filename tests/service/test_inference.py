@@ -103,23 +103,27 @@ def test_warm_up_runs_one_batch_of_the_largest_shape_per_model(
 
 def test_what_loading_left_alive_is_out_of_the_collectors_reach(tiny_bundles: dict[str, Path]) -> None:
     """The server's own state (bundles, pipelines, batchers) is frozen once loaded, so a full collection under load
-    walks only what requests allocated."""
+    walks only what requests allocated; closing the service hands it back to the collector."""
     import gc
 
     settings = ServiceSettings(models=[str(tiny_bundles["classify"])], warmup_rounds=1, grpc_port=-1)
 
-    async def load() -> tuple[bool, bool]:
+    def tracked(*objects: object) -> list[bool]:
+        ids = {id(o) for o in gc.get_objects()}
+        return [id(o) in ids for o in objects]
+
+    async def load() -> tuple[list[bool], list[bool]]:
         service = InferenceService(settings)
         try:
             await service.load()
             model = next(iter(service.models.values()))
-            tracked = {id(o) for o in gc.get_objects()}
-            return id(model) in tracked, id(model.pipeline) in tracked
+            serving = tracked(model, model.pipeline)
         finally:
             await service.close()
+        return serving, tracked(model, model.pipeline)
 
     gc.unfreeze()
     try:
-        assert asyncio.run(load()) == (False, False)
+        assert asyncio.run(load()) == ([False, False], [True, True])
     finally:
         gc.unfreeze()
