@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -183,9 +184,11 @@ class _Item:
     largest tag it served, and at least by one), so a feature waits a bounded number of batches however many
     requests keep arriving."""
 
-    @property
-    def turn(self) -> tuple[int, int]:
-        return self.tag, self.arrival
+
+_TURN = attrgetter("tag", "arrival")
+"""An item's place in fair order (`_Item.tag`, then arrival). attrgetter keys: no Python call per item."""
+_LENGTH = attrgetter("length")
+_LENGTH_ORDER = attrgetter("length", "arrival")
 
 
 class LongBatchGate:
@@ -608,12 +611,16 @@ class Batcher:
     def _full(self) -> bool:
         if len(self._pending) >= self.config.max_batch_size:
             return True
-        longest = max(item.length for item in self._pending)
+        longest = max(map(_LENGTH, self._pending))
         return len(self._pending) * self._width(longest) >= self.config.max_batch_tokens
 
     def _drop_dead(self, now: float) -> None:
         """Remove features of requests that expired or were abandoned, before any compute is spent."""
-        if not any(item.request.dead or item.request.deadline <= now for item in self._pending):
+        for item in self._pending:  # a plain loop: this runs before every batch, on the event loop
+            request = item.request
+            if request.deadline <= now or request.future.done():
+                break
+        else:
             return
         keep: list[_Item] = []
         for item in self._pending:
@@ -642,13 +649,13 @@ class Batcher:
         if short_only:
             candidates = [item for item in candidates if item.request.short]
         if self.config.window is not None and len(candidates) > self.config.window:
-            candidates = sorted(candidates, key=lambda item: item.turn)[: self.config.window]
-        first = min(candidates, key=lambda item: item.turn)
+            candidates = sorted(candidates, key=_TURN)[: self.config.window]
+        first = min(candidates, key=_TURN)
         if priority is not None and first.request.short:
             candidates = [item for item in candidates if item.request.short]
         elif priority is not None:
             budget = min(budget, priority.long_tokens)
-        ordered = sorted(candidates, key=lambda item: (item.length, item.arrival))
+        ordered = sorted(candidates, key=_LENGTH_ORDER)
         low, high = self._cheapest_run([item.length for item in ordered], ordered.index(first), budget)
         return ordered[low : high + 1]
 
@@ -657,15 +664,17 @@ class Batcher:
         token (ties: more rows) among those within the limits; (anchor, anchor) when no other is."""
         rows_limit = self.config.max_batch_size
         overhead = self.config.call_overhead_tokens
+        first, last = max(0, anchor - rows_limit + 1), min(len(lengths), anchor + rows_limit)
+        widths = [0] * first + [self._width(length) for length in lengths[first:last]]
         best, best_cost = (anchor, anchor), float("inf")
-        for low in range(max(0, anchor - rows_limit + 1), anchor + 1):
+        for low in range(first, anchor + 1):
             real = sum(lengths[low:anchor])
             for high in range(anchor, min(len(lengths), low + rows_limit)):
                 real += lengths[high]
                 rows = high - low + 1
-                if rows > 1 and not self._fits(rows, lengths[high], real, lengths[low], budget):
+                if rows > 1 and not self._fits(rows, widths[high], lengths[high], real, lengths[low], budget):
                     break  # a longer run only adds rows and width
-                cost = (overhead + rows * self._width(lengths[high])) / real
+                cost = (overhead + rows * widths[high]) / real
                 if cost < best_cost - 1e-12 or (abs(cost - best_cost) <= 1e-12 and rows > best[1] - best[0] + 1):
                     best, best_cost = (low, high), cost
         return best
@@ -677,8 +686,9 @@ class Batcher:
         self._pending = [item for item in self._pending if id(item) not in taken]
         return batch
 
-    def _fits(self, rows: int, longest: int, real: int, shortest: int, budget: int) -> bool:
-        width = self._width(longest)
+    def _fits(self, rows: int, width: int, longest: int, real: int, shortest: int, budget: int) -> bool:
+        """Whether `rows` rows, padded to `width` (`_width(longest)`), `real` tokens, the shortest `shortest`
+        tokens, are within the batch limits."""
         if rows * width > budget:
             return False
         stretch = self.config.max_stretch
@@ -693,7 +703,7 @@ class Batcher:
         """Run one batch and answer its requests. Whatever raises on the way (padding, the backend, the output
         checks, the observer, delivery) fails exactly this batch's requests at once, is logged, and the next
         batch runs; `_count_failure` decides whether the model has failed for good."""
-        batch = [item for item in batch if not item.request.dead]
+        batch = [item for item in batch if not item.request.future.done()]
         if not batch:
             return
         try:
@@ -766,7 +776,7 @@ class Batcher:
         touched: dict[int, _Request] = {}
         for row, item in enumerate(batch):
             request = item.request
-            if request.dead:
+            if request.future.done():  # its caller went away
                 continue
             # views into the batch's arrays (each backend call returns new ones): no copy on the event loop
             request.outputs[item.index] = {
@@ -778,7 +788,7 @@ class Batcher:
         for request in touched.values():
             request.inference_s += elapsed
             request.batches += 1
-            if request.remaining == 0 and not request.dead:
+            if request.remaining == 0 and not request.future.done():
                 assert request.first_start is not None
                 request.future.set_result(
                     BatchResult(

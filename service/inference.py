@@ -78,6 +78,19 @@ class Outcome:
         """The response headers (HTTP) / trailing metadata (gRPC): the model and the timings."""
         return {"x-model": self.model, **self.timings.headers()}
 
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """`headers()` as an HTTP response head's (name, value) bytes, formatted straight to bytes."""
+        timings = self.timings
+        return [
+            (b"x-model", self.model.encode("latin-1")),
+            (b"x-tokenize-time-ms", b"%.3f" % timings.tokenize_ms),
+            (b"x-queue-time-ms", b"%.3f" % timings.queue_ms),
+            (b"x-inference-time-ms", b"%.3f" % timings.inference_ms),
+            (b"x-postprocess-time-ms", b"%.3f" % timings.postprocess_ms),
+            (b"x-total-time-ms", b"%.3f" % timings.total_ms),
+            (b"x-backend-calls", b"%d" % timings.batches),
+        ]
+
 
 RESPONSE_HEADERS = tuple(Outcome(model="", results=[], timings=Timings()).headers())
 """The names of the headers every task response carries (CORS exposes them to browsers)."""
@@ -505,7 +518,7 @@ class InferenceService:
             with self.tracer.span("postprocess"):
                 postprocess, outputs = model.pipeline.postprocess, result.outputs
                 if size < INLINE_CHARACTERS:
-                    results = await self.small_requests.call(postprocess, request, features, outputs)
+                    results = await self.small_requests.postprocess(model.pipeline, request, features, outputs)
                 else:
                     results = await self._off_loop(model, size, postprocess, request, features, outputs, bounded=False)
         end = time.perf_counter()

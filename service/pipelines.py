@@ -27,6 +27,8 @@ from bert_model.tasks.classification import (
     build_classification_features,
     classification_postprocess,
     default_score_function,
+    feature_row_1d,
+    label_scores,
 )
 from bert_model.tasks.embeddings import POOLING_MODES, embedding_postprocess
 from bert_model.tasks.features import Feature
@@ -92,6 +94,10 @@ class Plan:
             f"{head}; split it into requests of at most {limit} {self.unit}: at most {limit // self.rows[largest]} "
             f"inputs as long as its longest (input {largest}: {self.rows[largest]})"
         )
+
+
+PostprocessItem = tuple[Any, Sequence[Feature], list[dict[str, np.ndarray]]]
+"""`(request, features, outputs)`: what `Pipeline.postprocess` turns into a request's answers."""
 
 
 class Pipeline:
@@ -161,6 +167,18 @@ class Pipeline:
         except (ValueError, TypeError) as error:  # outputs that do not fit the features: not the caller's fault
             raise BackendError(f"post-processing failed: {error}") from error
         return [by_index.get(index, []) for index in range(self.count(request))]
+
+    def postprocess_many(self, items: Sequence[PostprocessItem]) -> list[list[Any] | Exception]:
+        """The answers of several requests, in order; where a request's post-processing fails, the exception it
+        raised (`postprocess` would raise it) in its place. One `postprocess` per request here; tasks that can
+        post-process many requests' outputs together override it."""
+        answers: list[list[Any] | Exception] = []
+        for request, features, outputs in items:
+            try:
+                answers.append(self.postprocess(request, features, outputs))
+            except Exception as error:
+                answers.append(error)
+        return answers
 
     def _features(self, request: Any) -> list[Feature]:
         raise NotImplementedError
@@ -258,6 +276,39 @@ class ClassifyPipeline(Pipeline):
         logits = [output["logits"] for output in outputs]
         function = request.function_to_apply or self.score_function
         return classification_postprocess(features, logits, self.labels, top_k=request.top_k, function=function)
+
+    def postprocess_many(self, items: Sequence[PostprocessItem]) -> list[list[Any] | Exception]:
+        """Requests with the same score function and top_k whose features are their inputs in order (as `build`
+        makes them), ranked in one `label_scores` call: each row's answer is the one it gets alone. The rest, and
+        a group whose outputs do not fit, one by one (so that an error stays with its request)."""
+        answers: list[list[Any] | Exception | None] = [None] * len(items)
+        groups: dict[tuple[str, int | None], list[int]] = {}
+        for index, (request, features, _) in enumerate(items):
+            if [feature.request_index for feature in features] == list(range(len(request.texts))):
+                groups.setdefault((request.function_to_apply or self.score_function, request.top_k), []).append(index)
+        for (function, top_k), indices in groups.items():
+            if len(indices) < 2:
+                continue
+            try:
+                rows = np.stack(
+                    [
+                        feature_row_1d(output["logits"], len(self.labels))
+                        for index in indices
+                        for output in _aligned_outputs(items[index])
+                    ]
+                )
+                ranked = label_scores(rows, self.labels, top_k=top_k, function=function)  # type: ignore[arg-type]
+            except (ValueError, TypeError, KeyError):
+                continue
+            start = 0
+            for index in indices:
+                count = len(items[index][1])
+                answers[index] = ranked[start : start + count]
+                start += count
+        rest = [index for index, answer in enumerate(answers) if answer is None]
+        for index, answer in zip(rest, super().postprocess_many([items[index] for index in rest]), strict=True):
+            answers[index] = answer
+        return [answer for answer in answers if answer is not None]
 
     def count(self, request: ClassifyInput) -> int:
         return len(request.texts)
@@ -516,3 +567,11 @@ def make_pipeline(bundle: ServingBundle) -> Pipeline:
         return PIPELINES[bundle.task](bundle)
     except ValueError as error:
         raise ValueError(f"bundle {bundle.path}: {error}") from error
+
+
+def _aligned_outputs(item: PostprocessItem) -> list[dict[str, np.ndarray]]:
+    """A request's outputs, one per feature (ValueError when the backend gave another count)."""
+    _, features, outputs = item
+    if len(outputs) != len(features):
+        raise ValueError(f"{len(outputs)} output rows for {len(features)} features")
+    return outputs

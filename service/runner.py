@@ -149,6 +149,8 @@ def serve(settings: ServiceSettings) -> None:
         # a server that closes an idle connection first races the client's next request on it (a reset)
         timeout_keep_alive=int(settings.keep_alive_s),
         lifespan="on",
+        # nothing reads the client's address or scheme: uvicorn's X-Forwarded-* rewriting would be a layer per request
+        proxy_headers=False,
         # slow or bloated request heads are cut (uvicorn times no head); the door bounds requests in progress,
         # this bounds open connections
         http=guarded_protocol(

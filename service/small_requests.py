@@ -7,7 +7,8 @@ some 40 more: done on the event loop, the two were a third of the loop's time un
 a pool one by one, each would pay a hand-off that costs more than the work. Here the event loop only queues the
 job and awaits a future; the `bs-tokenize-sm` thread takes every job queued since its last round, builds features
 with one `Pipeline.build_many` per model (one `encode_batch`, which encodes in Rust without the GIL, for
-classification), runs the post-processing calls, and answers the whole round with one `call_soon_threadsafe`.
+classification), post-processes with one `Pipeline.postprocess_many` per model (one softmax and top-k over every
+answer's logits, for classification), and answers the whole round with one `call_soon_threadsafe`.
 Under load the rounds grow with the load, so the per-request cost falls as it rises.
 
 Nothing here is bounded on its own: every job queued is one of a request the door (`service.admission.Door`) has
@@ -18,15 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from service.pipelines import Pipeline, Plan
+from bert_model.tasks.features import Feature
+from service.pipelines import Pipeline, Plan, PostprocessItem
 from service.worker_threads import TOKENIZE, name_this_thread
-
-T = TypeVar("T")
 
 THREAD_NAME = f"{TOKENIZE}-sm"
 """The kernel name of the thread (counted as tokenization by `bertserve.benchmarks.thread_cpu`)."""
@@ -42,25 +43,29 @@ class _Build:
 
 
 @dataclass
-class _Call:
-    """`function(*args)`: a small request's post-processing."""
+class _Post:
+    """A request's answers: `pipeline.postprocess(request, features, outputs)`, with the other post-processing of
+    its pipeline in the round."""
 
     future: asyncio.Future[Any]
-    function: Callable[..., Any]
-    args: tuple[Any, ...]
+    pipeline: Pipeline
+    item: PostprocessItem
 
 
-_Job = _Build | _Call
+_Job = _Build | _Post
 
 
 class SmallRequests:
-    """`await small.build(pipeline, plan)`: `pipeline.build(plan)`, and `await small.call(function, *args)`:
-    `function(*args)`, on the thread, in a round with the other jobs queued meanwhile. `close()` ends the thread
-    once its queue is empty."""
+    """`await small.build(pipeline, plan)`: `pipeline.build(plan)`, and `await small.postprocess(pipeline, request,
+    features, outputs)`: `pipeline.postprocess(request, features, outputs)`, on the thread, in a round with the other
+    jobs queued meanwhile. `close()` ends the thread once its queue is empty."""
 
     def __init__(self) -> None:
-        self._jobs: list[_Job] = []
-        self._wake = threading.Condition()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        """Jobs for the thread, then None once closed. A SimpleQueue: put and get are C calls, and a get blocks
+        without the GIL (a `threading.Condition` is Python code on both sides, and a new lock per wait)."""
+        self._lock = threading.Lock()
+        """Held to start the thread, to queue a job and to close: no job is queued behind the None."""
         self._closed = False
         self._thread: threading.Thread | None = None
         self.rounds = 0
@@ -70,68 +75,75 @@ class SmallRequests:
         result: list[Any] = await self._queue(_Build(asyncio.get_running_loop().create_future(), pipeline, plan))
         return result
 
-    async def call(self, function: Callable[..., T], *args: Any) -> T:
-        """`function(*args)` on the thread, in its next round (a small request's post-processing)."""
-        result: T = await self._queue(_Call(asyncio.get_running_loop().create_future(), function, args))
+    async def postprocess(
+        self, pipeline: Pipeline, request: Any, features: Sequence[Feature], outputs: list[dict[str, Any]]
+    ) -> list[Any]:
+        """A small request's answers, on the thread, in its next round."""
+        item = (request, features, outputs)
+        result: list[Any] = await self._queue(_Post(asyncio.get_running_loop().create_future(), pipeline, item))
         return result
 
     async def _queue(self, job: _Job) -> Any:
-        with self._wake:
+        with self._lock:
             if self._closed:
                 raise RuntimeError("the small-request thread is closed")
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=THREAD_NAME, daemon=True)
                 self._thread.start()
-            self._jobs.append(job)
-            self._wake.notify()
+            self._jobs.put(job)
         return await job.future
 
     def close(self) -> None:
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._jobs.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
     def _work(self) -> None:
         name_this_thread(THREAD_NAME)
-        while True:
-            with self._wake:
-                while not self._jobs and not self._closed:
-                    self._wake.wait()
-                if not self._jobs:
-                    return
-                jobs, self._jobs = self._jobs, []
-            outcomes = _run_round(jobs)
-            self.rounds += 1
-            by_loop: dict[asyncio.AbstractEventLoop, list[int]] = {}
-            for index, job in enumerate(jobs):
-                by_loop.setdefault(job.future.get_loop(), []).append(index)
-            for loop, indices in by_loop.items():  # one loop in a server
-                with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these any more
-                    loop.call_soon_threadsafe(
-                        _answer, [jobs[index] for index in indices], [outcomes[index] for index in indices]
-                    )
+        closing = False
+        while not closing:
+            jobs = [self._jobs.get()]
+            while not self._jobs.empty():  # this thread is the only taker: what empty() denies, get takes at once
+                jobs.append(self._jobs.get())
+            if jobs[-1] is None:  # closed: nothing is queued behind it
+                jobs.pop()
+                closing = True
+            if jobs:
+                self._run(jobs)  # type: ignore[arg-type]
+
+    def _run(self, jobs: list[_Job]) -> None:
+        outcomes = _run_round(jobs)
+        self.rounds += 1
+        by_loop: dict[asyncio.AbstractEventLoop, list[int]] = {}
+        for index, job in enumerate(jobs):
+            by_loop.setdefault(job.future.get_loop(), []).append(index)
+        for loop, indices in by_loop.items():  # one loop in a server
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these any more
+                loop.call_soon_threadsafe(
+                    _answer, [jobs[index] for index in indices], [outcomes[index] for index in indices]
+                )
 
 
 def _run_round(jobs: Sequence[_Job]) -> list[Any]:
-    """Each job's outcome (features, a call's result) or the exception it raised; one `build_many` per pipeline."""
+    """Each job's outcome (features, answers) or the exception it raised; one `build_many` and one
+    `postprocess_many` per pipeline."""
     outcomes: list[Any] = [None] * len(jobs)
-    builds: dict[int, list[tuple[int, _Build]]] = {}
+    groups: dict[tuple[bool, int], list[int]] = {}
     for index, job in enumerate(jobs):
-        if isinstance(job, _Build):
-            builds.setdefault(id(job.pipeline), []).append((index, job))
-            continue
+        groups.setdefault((isinstance(job, _Build), id(job.pipeline)), []).append(index)
+    for (building, _), indices in groups.items():
+        pipeline = jobs[indices[0]].pipeline
         try:
-            outcomes[index] = job.function(*job.args)
-        except Exception as error:
-            outcomes[index] = error
-    for group in builds.values():
-        try:
-            built = group[0][1].pipeline.build_many([job.plan for _, job in group])
-        except Exception as error:  # a bug of build_many's own: every request of the group fails with it
-            built = [error] * len(group)
-        for (index, _), outcome in zip(group, built, strict=True):
+            if building:
+                done = pipeline.build_many([jobs[index].plan for index in indices])  # type: ignore[union-attr]
+            else:
+                done = pipeline.postprocess_many([jobs[index].item for index in indices])  # type: ignore[union-attr]
+        except Exception as error:  # a bug of the pipeline's own: every request of the group fails with it
+            done = [error] * len(indices)
+        for index, outcome in zip(indices, done, strict=True):
             outcomes[index] = outcome
     return outcomes
 

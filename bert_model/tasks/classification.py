@@ -15,7 +15,7 @@ import numpy as np
 
 from bert_model.config import PROBLEM_TYPES
 from bert_model.tasks.features import Feature, OutputRows, check_aligned
-from bert_model.tasks.numeric import sigmoid, softmax, top_k
+from bert_model.tasks.numeric import sigmoid, softmax
 from bert_model.tokenization import BertTokenizer, Truncation
 
 ScoreFunction = Literal["softmax", "sigmoid", "none"]
@@ -97,14 +97,29 @@ def classification_postprocess(
     if not features:
         return {}
     rows = np.stack([feature_row_1d(row, len(labels)) for row in logits])
-    scores = classification_scores(rows, function)
-    results: dict[int, list[LabelScore]] = {}
-    for feature, row in zip(features, scores, strict=True):
-        order, values = _top(row, top_k)
-        results[feature.request_index] = [
-            {"label": labels[int(i)], "score": float(v)} for i, v in zip(order, values, strict=True)
-        ]
-    return results
+    ranked = label_scores(rows, labels, top_k=top_k, function=function)
+    return {feature.request_index: row for feature, row in zip(features, ranked, strict=True)}
+
+
+def label_scores(
+    logits: np.ndarray, labels: Sequence[str], *, top_k: int | None = 1, function: ScoreFunction = "softmax"
+) -> list[list[LabelScore]]:
+    """Per row of (B, num_labels) `logits`: the `top_k` labels (None = all), best first, as `[{label, score}]`.
+
+    One score function and one stable sort over all rows (ties keep label order); each row's answer is the one it
+    would get alone, so that rows of many requests can be ranked in one call.
+    """
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"k must be a positive integer or None, got {top_k!r}")
+    scores = classification_scores(logits, function)
+    order = np.argsort(-scores, axis=-1, kind="stable")
+    if top_k is not None:
+        order = order[:, :top_k]
+    values = np.take_along_axis(scores, order, axis=-1)
+    return [
+        [{"label": labels[index], "score": value} for index, value in zip(indices, row, strict=True)]
+        for indices, row in zip(order.tolist(), values.tolist(), strict=True)
+    ]
 
 
 def predicted_label_ids(logits: np.ndarray) -> np.ndarray:
@@ -123,10 +138,6 @@ def feature_row_1d(row: np.ndarray | Sequence[float], num_labels: int) -> np.nda
     return values
 
 
-def _top(row: np.ndarray, k: int | None) -> tuple[np.ndarray, np.ndarray]:
-    return top_k(row, None if k is None else min(k, row.shape[0]))
-
-
 __all__ = [
     "ClassificationFeature",
     "LabelScore",
@@ -134,5 +145,6 @@ __all__ = [
     "classification_postprocess",
     "classification_scores",
     "default_score_function",
+    "label_scores",
     "predicted_label_ids",
 ]

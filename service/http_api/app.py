@@ -25,6 +25,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
 from service.errors import InvalidInput, InvalidJson, ServiceError, Unauthenticated
 from service.http_api.direct_routes import DirectRoutes, direct_routes
@@ -82,11 +83,29 @@ SETUP_ERRORS = (ValueError, TypeError, FileNotFoundError)
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <api key>` when the server sets one.")
 
 
+class ServiceApp(FastAPI):
+    """FastAPI whose own middleware (`add_middleware`) wraps the whole of FastAPI's stack instead of sitting inside
+    Starlette's error middleware, FastAPI's exception telemetry and body limit. A task request that the direct
+    routes answer (service/http_api/direct_routes.py) then passes through the service's middleware only; everything
+    else goes on into FastAPI's stack as before, its unexpected errors still answered by the app's handler (500
+    `internal`), and now counted by the metrics middleware and given its request id."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        own, self.user_middleware = self.user_middleware, []
+        try:
+            app = super().build_middleware_stack()
+        finally:
+            self.user_middleware = own
+        for cls, args, kwargs in reversed(own):
+            app = cls(app, *args, **kwargs)
+        return app
+
+
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     """The REST app (and, through its lifespan, the gRPC server) for `settings`."""
     settings = settings or ServiceSettings()
     metrics = ServiceMetrics()
-    app = FastAPI(
+    app = ServiceApp(
         title="bertserve",
         version="1.0.0",
         summary="BERT classification, question answering, NER, embeddings and fill-mask with server-side tokenization.",

@@ -23,6 +23,19 @@ def json_bytes(content: Any) -> bytes:
     return orjson.dumps(content, option=JSON_OPTIONS)
 
 
+class TaskResponse(Response):
+    """A 200 JSON response whose head is given as bytes (Starlette's `Response` lowercases and encodes every header
+    name and value of every response, on the event loop)."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code = 200
+        self.body = body
+        self.background = None
+        self.raw_headers = [*headers, (b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]
+
+
 def task_response(content: Any, outcome: Outcome) -> Response:
     """A 200 JSON response of `content` with the outcome's headers (model, timings)."""
-    return Response(json_bytes(content), media_type="application/json", headers=outcome.headers())
+    return TaskResponse(json_bytes(content), outcome.raw_headers())

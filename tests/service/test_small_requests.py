@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from service.bundles import open_bundle
-from service.errors import InputTooLong, InvalidInput
+from service.errors import BackendError, InputTooLong, InvalidInput
 from service.pipelines import Pipeline, Plan, make_pipeline
 from service.small_requests import THREAD_NAME, SmallRequests
 from service.task_inputs import ClassifyInput, NERInput
@@ -141,26 +141,72 @@ def test_post_processing_runs_on_the_thread_and_answers_as_on_the_loop(classify:
     features = classify.build(_plan(classify, request))
     outputs = [{"logits": np.array([0.25, -1.5], dtype=np.float32)}, {"logits": np.array([3.0, 2.0], np.float32)}]
     threads: list[str] = []
+    postprocess_many = classify.postprocess_many
 
-    def postprocess(*args: Any) -> list[Any]:
+    def recorded(items: Any) -> Any:
         threads.append(threading.current_thread().name)
-        return classify.postprocess(*args)
+        return postprocess_many(items)
 
-    def failing() -> None:
-        raise ValueError("a bad output")
+    async def main() -> tuple[Any, ...]:
+        return tuple(
+            await asyncio.gather(
+                small.postprocess(classify, request, features, outputs),
+                small.postprocess(classify, request, features, outputs[:1]),  # a row short: the backend's fault
+                small.postprocess(classify, request, features, outputs),
+                return_exceptions=True,
+            )
+        )
 
-    async def main() -> tuple[list[Any], BaseException | None]:
-        answer = await small.call(postprocess, request, features, outputs)
-        (error,) = await asyncio.gather(small.call(failing), return_exceptions=True)
-        return answer, error if isinstance(error, BaseException) else None
-
+    classify.postprocess_many = recorded  # type: ignore[method-assign]
     try:
-        answer, error = asyncio.run(main())
+        answer, error, again = asyncio.run(main())
     finally:
+        del classify.postprocess_many
         small.close()
-    assert answer == classify.postprocess(request, features, outputs)
-    assert threads == [THREAD_NAME]
-    assert isinstance(error, ValueError) and "a bad output" in str(error)
+    assert answer == again == classify.postprocess(request, features, outputs)
+    assert threads and set(threads) == {THREAD_NAME}
+    assert isinstance(error, BackendError) and "post-processing failed" in str(error)
+
+
+def test_classify_postprocess_many_equals_one_request_at_a_time(classify: Pipeline) -> None:
+    """Every request's answers, bit for bit, as `postprocess` gives them alone: requests of several score functions
+    and top_k mixed, logits with ties, huge and tiny values, and requests whose outputs do not fit kept to their
+    own error."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    items: list[Any] = []
+    for index in range(60):
+        count = 1 + index % 3
+        request = ClassifyInput(
+            texts=TEXTS[:count],
+            truncate=True,
+            top_k=[1, None, 2][index % 3],
+            function_to_apply=[None, "sigmoid", "none", "softmax"][index % 4],  # type: ignore[arg-type]
+        )
+        features = classify.build(_plan(classify, request))
+        logits = (rng.standard_normal((count, 2)) * [1, 30, 0.001][index % 3]).astype(np.float32)
+        if index % 7 == 0:
+            logits[:, 1] = logits[:, 0]  # a tie: label order decides
+        outputs = [{"logits": row} for row in logits]
+        if index % 11 == 5:
+            outputs = outputs + outputs  # more rows than features
+        if index % 13 == 4:
+            outputs = [{"logits": np.array([np.nan, 1.0], np.float32)}] * count
+        items.append((request, features, outputs))
+
+    def alone(item: Any) -> Any:
+        try:
+            return classify.postprocess(*item)
+        except Exception as error:
+            return (type(error), str(error))
+
+    together = [
+        (type(answer), str(answer)) if isinstance(answer, Exception) else answer
+        for answer in classify.postprocess_many(items)
+    ]
+    assert repr(together) == repr([alone(item) for item in items])  # repr: NaN scores (sigmoid of NaN) compare equal
+    assert any(isinstance(answer, tuple) for answer in together)
 
 
 def _threads_named(pid: int, name: str) -> int:

@@ -54,3 +54,23 @@ def test_postprocess_refuses_misaligned_outputs(tokenizer) -> None:
         classification_postprocess(features, np.zeros((1, 2)), LABELS)
     with pytest.raises(ValueError, match="expected \\(2,\\)"):
         classification_postprocess(features, np.zeros((2, 3)), LABELS)
+
+
+@pytest.mark.parametrize("function", ["softmax", "sigmoid", "none"])
+@pytest.mark.parametrize("k", [1, 3, None])
+def test_label_scores_rank_each_row_as_alone(function: str, k: int | None) -> None:
+    """All rows ranked in one call give each row the answer of ranking it alone (the 1-D score function and top_k),
+    ties in label order."""
+    from bert_model.tasks.classification import label_scores
+    from bert_model.tasks.numeric import sigmoid, softmax, top_k
+
+    labels = ["a", "b", "c", "d", "e"]
+    rng = np.random.default_rng(3)
+    rows = (rng.standard_normal((40, 5)) * rng.choice([0.01, 1.0, 50.0], (40, 1))).astype(np.float32)
+    rows[::5, 2] = rows[::5, 0]  # ties
+    alone_scores = {"softmax": softmax, "sigmoid": sigmoid, "none": lambda row: row}[function]
+    expected = []
+    for row in rows:
+        order, values = top_k(alone_scores(row), k)
+        expected.append([{"label": labels[int(i)], "score": float(v)} for i, v in zip(order, values, strict=True)])
+    assert label_scores(rows, labels, top_k=k, function=function) == expected  # type: ignore[arg-type]
