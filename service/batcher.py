@@ -345,6 +345,8 @@ class Batcher:
         self._virtual = 0  # fair order's virtual time: the tag new requests start from (`_Item.tag`)
         self._in_flight = 0
         self._wakeup: asyncio.Event | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        """The loop `start` ran on, which the batch loop and every request's future belong to."""
         self._slots: asyncio.Semaphore | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._batch_tasks: set[asyncio.Task[None]] = set()
@@ -362,6 +364,8 @@ class Batcher:
 
     # ---- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
+        # the loop's own handle: asyncio.get_running_loop() is a getpid() system call per call on Python 3.11
+        self._event_loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         if self._gate is not None:
             self._gate.register(self._wakeup)
@@ -458,7 +462,8 @@ class Batcher:
         if self.queue_depth + len(features) > self.config.max_queue:
             self._notify_rejected("queue_full")
             raise Overloaded(f"model {self.model!r} is at capacity ({self.queue_depth} sequences queued); retry later")
-        loop = asyncio.get_running_loop()
+        loop = self._event_loop
+        assert loop is not None
         now = time.perf_counter()
         request = _Request(
             features=features,
@@ -484,8 +489,7 @@ class Batcher:
         # A cancelled future whose awaiting task was not itself cancelled is a deadline, passed in the queue or
         # in the call; a cancelled task is a caller that went away, and awaiting the future directly cancels it
         # with the task, so its features are dropped before compute.
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(request.deadline - time.perf_counter(), self._expire, request)
+        timer = request.future.get_loop().call_later(request.deadline - time.perf_counter(), self._expire, request)
         try:
             return await request.future
         except asyncio.CancelledError:

@@ -168,6 +168,7 @@ class InferenceService:
     async def load(self) -> None:
         """Open every bundle and check it against the settings before any backend starts, then start backends and
         batchers and warm up; then report ready. Raises on the first problem (ValueError naming what to change)."""
+        self.small_requests.bind(asyncio.get_running_loop())
         bundles: dict[str, ServingBundle] = {}
         for path in find_bundles(self.settings.models, self.settings.bundles_dir):
             bundle = await asyncio.to_thread(open_bundle, path)

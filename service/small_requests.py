@@ -67,12 +67,18 @@ class SmallRequests:
         self._lock = threading.Lock()
         """Held to start the thread, to queue a job and to close: no job is queued behind the None."""
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.rounds = 0
         """Rounds run so far (each one tokenizer call per model)."""
 
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Answer on `loop` from now on (the server's: asyncio.get_running_loop() per request is a getpid() system
+        call on Python 3.11); unbound, each call answers on the loop it runs on."""
+        self._loop = loop
+
     async def build(self, pipeline: Pipeline, plan: Plan) -> list[Any]:
-        result: list[Any] = await self._queue(_Build(asyncio.get_running_loop().create_future(), pipeline, plan))
+        result: list[Any] = await self._queue(_Build(self._new_future(), pipeline, plan))
         return result
 
     async def postprocess(
@@ -80,8 +86,11 @@ class SmallRequests:
     ) -> list[Any]:
         """A small request's answers, on the thread, in its next round."""
         item = (request, features, outputs)
-        result: list[Any] = await self._queue(_Post(asyncio.get_running_loop().create_future(), pipeline, item))
+        result: list[Any] = await self._queue(_Post(self._new_future(), pipeline, item))
         return result
+
+    def _new_future(self) -> asyncio.Future[Any]:
+        return (self._loop or asyncio.get_running_loop()).create_future()
 
     async def _queue(self, job: _Job) -> Any:
         with self._lock:
