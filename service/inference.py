@@ -105,10 +105,11 @@ class LoadedModel:
     is_default: bool = False
     variant_choice: dict[str, Any] = field(default_factory=lambda: {"auto": False})
     """How the variant was chosen (`service.variant_timing.VariantChoice.describe()`)."""
+    name: str = field(init=False)
+    """The bundle's name (an attribute: every request reads it, for spans and its `x-model` header)."""
 
-    @property
-    def name(self) -> str:
-        return self.bundle.name
+    def __post_init__(self) -> None:
+        self.name = self.bundle.name
 
     def describe(self) -> dict[str, Any]:
         manifest = self.bundle.manifest

@@ -121,7 +121,8 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.state.grpc = None
     _add_error_handlers(app)
     _add_routes(app)
-    # innermost: the task routes' valid JSON requests answered without FastAPI's routing (the rest passed on)
+    # innermost of the service's middleware: the task routes' valid JSON requests answered without FastAPI's stack
+    # and routing (the rest passed on)
     app.add_middleware(DirectRoutes, routes=direct_routes(app.routes, _require_key), api_key=settings.api_key)
     if settings.cors_origins:
         app.add_middleware(

@@ -58,9 +58,9 @@ def direct_routes(routes: Iterable[Any], key_check: Any) -> dict[str, DirectRout
 
 
 class DirectRoutes:
-    """Pure ASGI middleware, the innermost of the app's: the requests above served here, the rest passed on to
-    `app` (FastAPI's exception middleware and router) as they came. It expects the whole body in one message, as
-    `AdmissionMiddleware` hands it on."""
+    """Pure ASGI middleware, the innermost of the service's own (`ServiceApp` puts them around FastAPI's stack): the
+    requests above served here, the rest passed on to `app` (FastAPI's middleware stack and router) as they came.
+    It expects the whole body in one message, as `AdmissionMiddleware` hands it on."""
 
     def __init__(self, app: ASGIApp, routes: dict[str, DirectRoute], api_key: SecretStr | None) -> None:
         self.app = app

@@ -242,6 +242,27 @@ def test_openapi_before_loading_gives_each_route_its_default_model_as_example() 
     }
 
 
+def test_the_service_middleware_wraps_fastapis_stack() -> None:
+    """The metrics middleware and the door sit around FastAPI's own middleware: a route's unexpected error is the
+    app's 500 `internal`, with the request id, and counted as a 500 of its route."""
+    from starlette.testclient import TestClient
+
+    from service.http_api import create_app
+
+    app = create_app()
+
+    async def boom() -> None:
+        raise RuntimeError("a bug")
+
+    app.add_api_route("/boom", boom, methods=["GET"])
+    response = TestClient(app, raise_server_exceptions=False).get("/boom", headers={"x-request-id": "abc"})
+    assert response.status_code == 500 and response.json()["error"]["code"] == "internal"
+    assert response.headers["x-request-id"] == "abc"
+    assert 'bertserve_requests_total{route="/boom",status="500",transport="http"} 1.0' in (
+        app.state.metrics.exposition().decode()
+    )
+
+
 # ---- bad input: always 4xx with a useful message, and the server keeps serving -------------------------
 @pytest.mark.parametrize(
     ("path", "body", "status", "needle"),
