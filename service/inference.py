@@ -56,14 +56,18 @@ class Timings:
 
     def headers(self) -> dict[str, str]:
         """The timing headers (HTTP) / trailing metadata (gRPC) of a response."""
-        return {
-            "x-tokenize-time-ms": f"{self.tokenize_ms:.3f}",
-            "x-queue-time-ms": f"{self.queue_ms:.3f}",
-            "x-inference-time-ms": f"{self.inference_ms:.3f}",
-            "x-postprocess-time-ms": f"{self.postprocess_ms:.3f}",
-            "x-total-time-ms": f"{self.total_ms:.3f}",
-            "x-backend-calls": str(self.batches),
-        }
+        return {name.decode(): value.decode() for name, value in self.raw_headers()}
+
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """`headers()` as (name, value) bytes, formatted straight to bytes (an HTTP response head's form)."""
+        return [
+            (b"x-tokenize-time-ms", b"%.3f" % self.tokenize_ms),
+            (b"x-queue-time-ms", b"%.3f" % self.queue_ms),
+            (b"x-inference-time-ms", b"%.3f" % self.inference_ms),
+            (b"x-postprocess-time-ms", b"%.3f" % self.postprocess_ms),
+            (b"x-total-time-ms", b"%.3f" % self.total_ms),
+            (b"x-backend-calls", b"%d" % self.batches),
+        ]
 
 
 @dataclass
@@ -79,17 +83,8 @@ class Outcome:
         return {"x-model": self.model, **self.timings.headers()}
 
     def raw_headers(self) -> list[tuple[bytes, bytes]]:
-        """`headers()` as an HTTP response head's (name, value) bytes, formatted straight to bytes."""
-        timings = self.timings
-        return [
-            (b"x-model", self.model.encode("latin-1")),
-            (b"x-tokenize-time-ms", b"%.3f" % timings.tokenize_ms),
-            (b"x-queue-time-ms", b"%.3f" % timings.queue_ms),
-            (b"x-inference-time-ms", b"%.3f" % timings.inference_ms),
-            (b"x-postprocess-time-ms", b"%.3f" % timings.postprocess_ms),
-            (b"x-total-time-ms", b"%.3f" % timings.total_ms),
-            (b"x-backend-calls", b"%d" % timings.batches),
-        ]
+        """`headers()` as an HTTP response head's (name, value) bytes."""
+        return [(b"x-model", self.model.encode("latin-1")), *self.timings.raw_headers()]
 
 
 RESPONSE_HEADERS = tuple(Outcome(model="", results=[], timings=Timings()).headers())

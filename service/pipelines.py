@@ -31,7 +31,7 @@ from bert_model.tasks.classification import (
     label_scores,
 )
 from bert_model.tasks.embeddings import POOLING_MODES, embedding_postprocess
-from bert_model.tasks.features import Feature
+from bert_model.tasks.features import Feature, check_aligned
 from bert_model.tasks.fill_mask import (
     DEFAULT_MASK_TOKEN,
     build_fill_mask_features,
@@ -290,13 +290,13 @@ class ClassifyPipeline(Pipeline):
             if len(indices) < 2:
                 continue
             try:
-                rows = np.stack(
-                    [
-                        feature_row_1d(output["logits"], len(self.labels))
-                        for index in indices
-                        for output in _aligned_outputs(items[index])
-                    ]
-                )
+                logits: list[np.ndarray] = []
+                for index in indices:
+                    _, features, outputs = items[index]
+                    request_logits = [output["logits"] for output in outputs]
+                    check_aligned(features, request_logits, "logits")
+                    logits += request_logits
+                rows = np.stack([feature_row_1d(row, len(self.labels)) for row in logits])
                 ranked = label_scores(rows, self.labels, top_k=top_k, function=function)  # type: ignore[arg-type]
             except (ValueError, TypeError, KeyError):
                 continue
@@ -567,11 +567,3 @@ def make_pipeline(bundle: ServingBundle) -> Pipeline:
         return PIPELINES[bundle.task](bundle)
     except ValueError as error:
         raise ValueError(f"bundle {bundle.path}: {error}") from error
-
-
-def _aligned_outputs(item: PostprocessItem) -> list[dict[str, np.ndarray]]:
-    """A request's outputs, one per feature (ValueError when the backend gave another count)."""
-    _, features, outputs = item
-    if len(outputs) != len(features):
-        raise ValueError(f"{len(outputs)} output rows for {len(features)} features")
-    return outputs

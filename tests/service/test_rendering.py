@@ -29,3 +29,21 @@ def test_a_task_response_has_the_head_starlette_would_build(timings: Timings) ->
         name.encode() for name in RESPONSE_HEADERS
     ]
     assert json.loads(response.body) == [{"label": "positive", "score": 0.9}, {"vector": [0.0, 1.0, 2.0]}]
+
+
+def test_timing_headers_are_written_with_three_decimals() -> None:
+    """The values, as the HTTP head and gRPC metadata both carry them (the latter decoded from the former)."""
+    timings = Timings(1.23456, 2.0, 3.5, 0.0004999, 99.99951, 3)
+    expected = {
+        "x-tokenize-time-ms": "1.235",
+        "x-queue-time-ms": "2.000",
+        "x-inference-time-ms": "3.500",
+        "x-postprocess-time-ms": "0.000",
+        "x-total-time-ms": "100.000",
+        "x-backend-calls": "3",
+    }
+    assert timings.headers() == expected
+    assert Outcome(model="m", results=[], timings=timings).raw_headers() == [
+        (b"x-model", b"m"),
+        *((name.encode(), value.encode()) for name, value in expected.items()),
+    ]
