@@ -43,10 +43,12 @@ def serve(**given: Any) -> None:
 
 
 def build_settings(overrides: dict[str, Any]) -> ServiceSettings:
-    """ServiceSettings from CLI overrides + env; checks that every bundle exists before anything starts."""
+    """ServiceSettings from CLI overrides + env; checks that every bundle exists and that the ports are free
+    before anything starts."""
     from pydantic import ValidationError
 
     from service.bundles import find_bundles
+    from service.ports import ensure_port_free
 
     try:
         settings = ServiceSettings(**overrides)
@@ -54,6 +56,9 @@ def build_settings(overrides: dict[str, Any]) -> ServiceSettings:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors())
         raise ValueError(problems) from None
     find_bundles(settings.models, settings.bundles_dir)
+    ensure_port_free(settings.host, settings.http_port, "--http-port")
+    if settings.grpc_port >= 0:
+        ensure_port_free(settings.host, settings.grpc_port, "--grpc-port")
     return settings
 
 

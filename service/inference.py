@@ -16,7 +16,7 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -161,9 +161,10 @@ class InferenceService:
         """Short requests before long batches, over every model of this process (shared by their batchers)."""
 
     # ---- lifecycle --------------------------------------------------------------------------------
-    async def load(self) -> None:
+    async def load(self, before_ready: Callable[[], Awaitable[None]] | None = None) -> None:
         """Open every bundle and check it against the settings before any backend starts, then start backends and
-        batchers and warm up; then report ready. Raises on the first problem (ValueError naming what to change)."""
+        batchers and warm up; then await `before_ready` (the app opens its gRPC port there) and report ready.
+        Raises on the first problem (ValueError naming what to change)."""
         self.small_requests.bind(asyncio.get_running_loop())
         bundles: dict[str, ServingBundle] = {}
         for path in find_bundles(self.settings.models, self.settings.bundles_dir):
@@ -189,6 +190,8 @@ class InferenceService:
         # loop for some 70 ms every few thousand requests to walk the server's own state.
         gc.collect()
         gc.freeze()
+        if before_ready is not None:
+            await before_ready()
         self.state.ready = True
         self.metrics.ready.set(1)
 

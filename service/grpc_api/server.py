@@ -155,7 +155,8 @@ def connection_age_options(settings: ServiceSettings) -> list[tuple[str, int]]:
 
 
 class GrpcFrontDoor:
-    """A started gRPC server over the shared service."""
+    """A started gRPC server over the shared service: opened once the models are ready, so its health starts at
+    SERVING; NOT_SERVING from the drain or a failure on."""
 
     def __init__(self, server: grpc.aio.Server, health_servicer: Any, port: int) -> None:
         self.server = server
@@ -205,9 +206,9 @@ class GrpcFrontDoor:
         port = server.add_insecure_port(f"{_grpc_host(settings.host)}:{settings.grpc_port}")
         if port == 0:
             raise OSError(f"could not bind the gRPC port {settings.host}:{settings.grpc_port}")
-        await server.start()
         door = cls(server, health_servicer, port)
-        await door._set(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await door._set(health_pb2.HealthCheckResponse.SERVING)  # opened once the models are ready
+        await server.start()
         log.info("grpc listening", extra={"port": port})
         return door
 

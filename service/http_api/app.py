@@ -1,8 +1,11 @@
 """FastAPI app factory: routes, error mapping, middleware, and the lifespan that loads models and gRPC.
 
-`create_app(settings)` builds everything without side effects; the lifespan then starts the gRPC front door
-(health NOT_SERVING), loads and warms up models in the background, and flips readiness (HTTP
-`/health/ready`, gRPC health) once done. Shutdown stops gRPC with a grace period, then the batchers.
+`create_app(settings)` builds everything without side effects; the lifespan then loads and warms up models in
+the background (REST answers `/health/*` meanwhile, and 503 `not_ready` to work), opens the gRPC front door once
+they are ready, and flips readiness (HTTP `/health/ready`, gRPC health). The gRPC port refuses connections until
+then: a balancer that sends a call to a replica before its first health check (HAProxy does, for a replica its
+DNS discovery has just found) sees a refused connection, which it retries on another replica, where an UNAVAILABLE
+answer would reach the client. Shutdown stops gRPC with a grace period, then the batchers.
 Once the server has failed for good (loading failed, or a model's batch loop or backend died: see
 `service.batcher.Batcher`), `/health/live` and `/health/ready` answer 503 `failed` with the reason and gRPC health
 says NOT_SERVING; `bertserve serve` (service/runner.py) then drains and exits non-zero.
@@ -55,6 +58,7 @@ from service.http_api.schemas import (
 )
 from service.inference import RESPONSE_HEADERS, InferenceService
 from service.metrics import CONTENT_TYPE, ServiceMetrics
+from service.ports import ensure_port_free
 from service.settings import ServiceSettings
 from service.task_inputs import ClassifyInput, NERInput, QAInput
 
@@ -152,14 +156,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: ServiceSettings = app.state.settings
     service: InferenceService = app.state.service
-    grpc_front = None
     if settings.grpc_port >= 0:
-        from service.grpc_api.server import GrpcFrontDoor
-
-        grpc_front = await GrpcFrontDoor.start(service, settings)
-        app.state.grpc = grpc_front
-        service.failure_hooks.append(lambda _: grpc_front.set_serving(False))
-    loading = asyncio.create_task(_load(service, grpc_front), name="load-models")
+        ensure_port_free(settings.host, settings.grpc_port, "--grpc-port")  # now, not once the models are loaded
+    loading = asyncio.create_task(_load(app, service, settings), name="load-models")
     try:
         yield
     finally:
@@ -168,15 +167,26 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not loading.done():
             loading.cancel()
             await asyncio.gather(loading, return_exceptions=True)
-        if grpc_front is not None:
-            await grpc_front.stop(settings.shutdown_grace_s)
+        if app.state.grpc is not None:
+            await app.state.grpc.stop(settings.shutdown_grace_s)
         await service.close()
         log.info("stopped")
 
 
-async def _load(service: InferenceService, grpc_front: Any) -> None:
+async def _load(app: FastAPI, service: InferenceService, settings: ServiceSettings) -> None:
+    """Load and warm up the models, open the gRPC front door, then report ready; a failure fails the server."""
+
+    async def open_grpc() -> None:
+        if settings.grpc_port < 0:
+            return
+        from service.grpc_api.server import GrpcFrontDoor
+
+        grpc_front = await GrpcFrontDoor.start(service, settings)
+        app.state.grpc = grpc_front
+        service.failure_hooks.append(lambda _: grpc_front.set_serving(False))
+
     try:
-        await service.load()
+        await service.load(before_ready=open_grpc)
     except Exception as error:
         reason = f"{type(error).__name__}: {error}"
         service.state.load_error = reason
@@ -184,8 +194,6 @@ async def _load(service: InferenceService, grpc_front: Any) -> None:
         log.error("loading models failed: %s", reason, exc_info=not isinstance(error, SETUP_ERRORS))
         service.fail(f"loading models failed: {reason}")
         return
-    if grpc_front is not None:
-        grpc_front.set_serving(True)
     log.info("ready", extra={"models": ",".join(service.models)})
 
 

@@ -125,6 +125,20 @@ class Stack:
         text = self.compose("logs", "--no-color", "--no-log-prefix", "balancer").stdout
         return [line for line in map(LogLine.parse, text.splitlines()) if line is not None]
 
+    def balancer_events(self, since: float, limit: int = 16) -> list[str]:
+        """HAProxy's server state changes (DNS, checks) logged after the first request that ended at `since` or
+        later: they carry no time of their own, their place among the request lines dates them."""
+        text = self.compose("logs", "--no-color", "--no-log-prefix", "balancer").stdout
+        events: list[str] = []
+        reached = False
+        for raw in text.splitlines():
+            line = LogLine.parse(raw)
+            if line is not None:
+                reached = reached or line.end >= since
+            elif reached and raw.strip() and not raw.startswith("["):  # the "[WARNING] (8) :" copies repeat them
+                events.append(raw.strip())
+        return events[:limit]
+
 
 @dataclass(frozen=True)
 class LogLine:
@@ -453,6 +467,7 @@ def test_a_killed_replica_fails_only_its_calls_in_flight_and_comes_back(stack: S
             f"{call.protocol} {call.start - killed_at:+.2f}..{call.end - killed_at:+.2f} s" for call in failed
         ][:5],
         "errors": sorted({call.error or "" for call in failed})[:5],
+        "balancer_events": stack.balancer_events(killed_at) if failed_after else [],
     }
     record("kill", figures)
     assert marked_down_s is not None and marked_down_s <= MARK_DOWN_S, figures

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from service.errors import GRPC_STATUS, HTTP_STATUS, ServiceError, grpc_status, 
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
 from service.settings import ServiceSettings
-from tests.service.server import REPO, ServerProcess
+from tests.service.server import REPO, ServerProcess, free_port
 from tests.service.test_http_api import LONG_CONTEXT
 
 
@@ -149,12 +150,18 @@ def test_readiness_transitions_and_graceful_sigterm(tiny_bundles: dict[str, Path
             health = health_pb2_grpc.HealthStub(channel)
             ready = httpx.get(server.url + "/health/ready")
             assert ready.status_code == 503 and ready.json()["status"] == "loading"
-            status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
-            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+            # the gRPC port opens once the models are ready: until then a connection is refused (which a balancer
+            # retries on another replica), not answered UNAVAILABLE
+            with pytest.raises(grpc.RpcError) as refused:
+                health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value
+            assert "connect" in str(refused.value.details()).lower(), refused.value.details()
             early = httpx.post(server.url + "/classify", json={"inputs": "too early"})
             assert early.status_code == 503 and "loading" in early.json()["error"]["message"]
             server.wait_ready()
-            status = health.Check(health_pb2.HealthCheckRequest(service="bert.v1.QA"), timeout=5).status
+            # wait_for_ready: the channel is in its reconnect backoff after the refused connection
+            request = health_pb2.HealthCheckRequest(service="bert.v1.QA")
+            status = health.Check(request, timeout=10, wait_for_ready=True).status
             assert status == health_pb2.HealthCheckResponse.SERVING
 
             # in-flight work when SIGTERM arrives is finished, on both front doors
@@ -237,3 +244,35 @@ def test_api_key_and_cors(tiny_bundles: dict[str, Path], tmp_path: Path) -> None
             assert health.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         assert server.terminate() == 0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("option", ["--http-port", "--grpc-port"])
+def test_a_taken_port_is_a_one_line_error_before_loading(option: str, tiny_bundles: dict[str, Path]) -> None:
+    # the gRPC server binds its port only once the models are ready: both ports are checked at the start
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"--http-port": str(free_port()), "--grpc-port": str(free_port()), option: str(port)}
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bertserve",
+                "serve",
+                "--models",
+                str(tiny_bundles["classify"]),
+                "--host",
+                "127.0.0.1",
+            ]
+            + [arg for pair in ports.items() for arg in pair],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"error: cannot listen on 127.0.0.1:{port} (Address already in use): choose another {option}"
+    ), result.stderr
