@@ -82,7 +82,9 @@ class Server:
         self.http_port, self.grpc_port = free_port(), free_port()
         command = [sys.executable, "-m", "bertserve", "serve", "--models", models, "--host", "127.0.0.1"]
         command += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), *extra]
-        env = {**os.environ, "BERTSERVE_LOG_LEVEL": "warning", "BERTSERVE_DRAIN_S": "0"}  # the bench is its only client
+        # the default log level: each request's access line is part of what is measured; no drain: the bench is the
+        # server's only client
+        env = {**os.environ, "BERTSERVE_LOG_LEVEL": "info", "BERTSERVE_DRAIN_S": "0"}
         self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.url = f"http://127.0.0.1:{self.http_port}"

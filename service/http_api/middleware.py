@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.admission import Door, Ticket
 from service.errors import Internal, PayloadTooLarge, ServiceError, http_status
 from service.inference import ServiceState
+from service.logs import log_request
 from service.metrics import ServiceMetrics
 
 log = logging.getLogger("service.http")
@@ -237,16 +238,7 @@ class MetricsMiddleware:
             route = _route_template(scope)
             self.metrics.observe_request("http", route, str(status), elapsed)
             if route not in _UNLOGGED_ROUTES:
-                log.info(
-                    "request",
-                    extra={
-                        "method": scope.get("method"),
-                        "route": route,
-                        "status": status,
-                        "ms": round(elapsed * 1000, 2),
-                        "request_id": request_id,
-                    },
-                )
+                log_request(scope["method"], route, status, round(elapsed * 1000, 2), request_id)
 
 
 _REQUEST_ID = REQUEST_ID_HEADER.encode()

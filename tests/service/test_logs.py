@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import calendar
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +20,7 @@ def stderr() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     yield
-    logs._stop_listener()
+    logs._stop_writer()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     for handler in handlers:
@@ -37,13 +39,13 @@ def test_a_record_becomes_one_json_line_written_by_the_log_thread(
             return super().format(record)
 
     logs.configure_logging("info", json_lines=True)
-    assert logs._listener is not None
-    logs._listener.handlers[0].setFormatter(Spy())
+    assert logs._writer is not None
+    logs._writer.handler.setFormatter(Spy())
     values = {"n": 1}
     logging.getLogger("service.http").info("seen %(n)s", values, extra={"route": "/classify", "status": 200})
     values["n"] = 2  # the message is what the caller meant when it logged
     logging.getLogger("service.http").debug("below the level")
-    logs._stop_listener()  # flushes the queue
+    logs._stop_writer()  # writes what is queued
 
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert len(lines) == 1
@@ -58,6 +60,43 @@ def test_exceptions_keep_their_traceback(stderr: None, capsys: pytest.CaptureFix
         raise ValueError("boom")
     except ValueError:
         logging.getLogger("service").exception("batch failed")
-    logs._stop_listener()
+    logs._stop_writer()
     line = json.loads(capsys.readouterr().err.splitlines()[0])
     assert "ValueError: boom" in line["exception"]
+
+
+def test_an_access_line_is_written_on_the_next_tick_with_its_request_values(
+    stderr: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs.configure_logging("info", json_lines=True)
+    before = time.time()
+    logs.log_request("POST", "/classify", 200, 1.25, "req-1")
+    written: list[str] = []
+    deadline = time.monotonic() + 5
+    while not written and time.monotonic() < deadline:  # written by the writer's own tick, not by a stop
+        time.sleep(logs.TICK_S / 4)
+        written = capsys.readouterr().err.splitlines()
+    logs._stop_writer()
+    assert len(written) == 1, written
+    line = json.loads(written[0])
+    expected = {"level": "info", "logger": "service.access", "message": "request", "method": "POST"}
+    assert {key: line[key] for key in expected} == expected
+    assert (line["route"], line["status"], line["ms"], line["request_id"]) == ("/classify", 200, 1.25, "req-1")
+    stamp = time.strptime(line["ts"][:19], "%Y-%m-%dT%H:%M:%S")
+    assert abs(calendar.timegm(stamp) + int(line["ts"][20:23]) / 1000 - before) < 1  # when it was logged
+
+
+def test_a_warning_is_written_at_once_and_access_lines_below_the_level_not_at_all(
+    stderr: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs.configure_logging("warning", json_lines=True)
+    logs.log_request("POST", "/classify", 200, 1.0, "req-2")
+    logging.getLogger("service").warning("queue full")
+    deadline = time.monotonic() + logs.TICK_S / 2
+    err = ""
+    while "queue full" not in err and time.monotonic() < deadline:  # well before the next tick
+        time.sleep(0.005)
+        err += capsys.readouterr().err
+    logs._stop_writer()
+    err += capsys.readouterr().err
+    assert [json.loads(line)["message"] for line in err.splitlines()] == ["queue full"]
