@@ -122,11 +122,11 @@ def log_request(method: str, route: str, status: int, ms: float, request_id: str
     thread once `configure_logging` has run."""
     if not _ACCESS_LOGGER.isEnabledFor(logging.INFO):
         return
+    access = _Access((time.time(), method, route, status, ms, request_id))
     if _writer is not None:
-        _writer.put(_Access((time.time(), method, route, status, ms, request_id)))
-        return
-    extra = {"method": method, "route": route, "status": status, "ms": ms, "request_id": request_id}
-    _ACCESS_LOGGER.info("request", extra=extra)
+        _writer.put(access)
+    else:  # logging not configured by us: the record goes through the logger's own handlers now
+        _ACCESS_LOGGER.handle(access.record())
 
 
 def _stop_writer() -> None:
