@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any, TextIO
 import aiohttp
 import grpc.aio
 
-from loadtests import endpoints as ep
 from loadtests import hostile_cases as cases
 from loadtests.hostile_checks import hostile_checks
 from loadtests.hostile_net import (
@@ -674,15 +673,7 @@ def run_hostile_target(
     """Start the server (unless external), run the phases, stop it; the target's entry of summary.json, with its
     checks under `_checks` and its samples (per series, for the plot) under `_samples`."""
     assert target.http_url is not None
-    info: dict[str, Any] = {
-        "kind": target.kind,
-        "batching": target.batching,
-        "mix": ep.format_mix(target.mix),
-        "command": target.command,
-        "http_url": target.http_url,
-        "grpc_target": target.grpc_target,
-        "ready_s": None,
-    }
+    info = target.summary_entry()
     if target.command:
         out.write(f"starting {target.label}: {' '.join(target.command[1:])}\n")
         with RunningServer(target, run_dir / f"{target.label}_server.log") as server:

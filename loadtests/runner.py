@@ -495,15 +495,7 @@ def run_locust(
 
 def run_target(target: Target, plan: Plan, run_dir: Path, options: RunOptions, out: TextIO) -> dict[str, Any]:
     """Start (if needed), load, stop one target; its entry of summary.json plus its samples."""
-    info: dict[str, Any] = {
-        "kind": target.kind,
-        "batching": target.batching,
-        "mix": ep.format_mix(target.mix),
-        "command": target.command,
-        "http_url": target.http_url,
-        "grpc_target": target.grpc_target,
-        "ready_s": None,
-    }
+    info = target.summary_entry()
     if target.command:
         out.write(f"starting {target.label}: {' '.join(target.command[1:])}\n")
         with RunningServer(target, run_dir / f"{target.label}_server.log") as server:

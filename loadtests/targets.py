@@ -19,9 +19,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from loadtests.endpoints import Mix
+from loadtests.endpoints import Mix, format_mix
 
 REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = "127.0.0.1"
@@ -48,6 +48,19 @@ class Target:
     http_url: str | None = None
     grpc_target: str | None = None
     ready_path: str = "/health/ready"
+
+    def summary_entry(self) -> dict[str, Any]:
+        """The start of its entry in a run's summary.json: what it is and how it was reached (`ready_s`, the
+        seconds a started server took to become ready, is filled in by the runner)."""
+        return {
+            "kind": self.kind,
+            "batching": self.batching,
+            "mix": format_mix(self.mix),
+            "command": self.command,
+            "http_url": self.http_url,
+            "grpc_target": self.grpc_target,
+            "ready_s": None,
+        }
 
 
 def free_port() -> int:
