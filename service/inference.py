@@ -488,6 +488,8 @@ class InferenceService:
                 raise InvalidInput(f"{name}[{index}] must be a string, got {type(text).__name__}")
             if not text.strip():
                 raise InvalidInput(f"{name}[{index}] is empty: send non-blank text")
+            if not text.isascii():
+                _check_unicode(text, f"{name}[{index}]")
             if len(text) > self.settings.max_text_chars:
                 raise InvalidInput(
                     f"{name}[{index}] has {len(text)} characters, more than the limit of "
@@ -565,6 +567,18 @@ FILL_MASK_MAX_TARGETS = 1000
 FILL_MASK_MAX_TARGET_CHARS = 100
 """Longest fill-mask target in characters: a target is one vocabulary token (the longest of a BERT vocabulary has
 about 20), so a longer one is refused before it is tokenized."""
+
+
+def _check_unicode(text: str, where: str) -> None:
+    """A JSON string may escape a lone surrogate (`"\\ud800"`), which is no character and which no tokenizer
+    takes: refuse it here, saying where it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidInput(
+            f"{where} is not valid Unicode text: character {error.start} is a lone surrogate "
+            f"({text[error.start]!r}); send UTF-8 text"
+        ) from None
 
 
 def _check_targets(targets: list[str]) -> None:

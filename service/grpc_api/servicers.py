@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from service.error_messages import clip_message
 from service.errors import Internal, InvalidInput, ServiceError, grpc_status
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
@@ -47,7 +48,6 @@ MAX_DETAILS_BYTES = 2048
 printable ASCII). Messages quote what the caller sent (a model name, a fill-mask target); uncapped, a long value
 outgrows the caller's metadata limit (8 KiB by default), and the caller gets RESOURCE_EXHAUSTED 'received metadata
 size exceeds ...' instead of the error that says what to change."""
-CUT_MARK = " ... [{} characters cut] ... "
 
 
 async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoReturn:
@@ -67,38 +67,8 @@ async def abort(context: grpc.aio.ServicerContext, error: ServiceError) -> NoRet
 
 
 def status_details(message: str, limit: int = MAX_DETAILS_BYTES) -> str:
-    """`message` unchanged when it fits in `limit` wire bytes, else its start and its end (where the messages name
-    what exists: 'loaded: ...') around the number of characters cut."""
-    if len(message) * 12 <= limit or _fits(message, limit):
-        return message
-    room = limit - len(CUT_MARK) - 12
-    head = _prefix_length(message, room * 2 // 3)
-    tail = _prefix_length(message[::-1], room - room * 2 // 3)
-    return message[:head] + CUT_MARK.format(len(message) - head - tail) + message[len(message) - tail :]
-
-
-def _wire_bytes(character: str) -> int:
-    if " " <= character <= "~" and character != "%":
-        return 1
-    return 3 * len(character.encode("utf-8", errors="replace"))
-
-
-def _fits(message: str, limit: int) -> bool:
-    total = 0
-    for character in message:
-        total += _wire_bytes(character)
-        if total > limit:
-            return False
-    return True
-
-
-def _prefix_length(message: str, budget: int) -> int:
-    """How many leading characters of `message` fit in `budget` wire bytes."""
-    for index, character in enumerate(message):
-        budget -= _wire_bytes(character)
-        if budget < 0:
-            return index
-    return len(message)
+    """`message` unchanged when it fits in `limit` wire bytes, else cut in its middle (`clip_message`)."""
+    return clip_message(message, limit)
 
 
 def _given(request: Any, *names: str) -> dict[str, Any]:

@@ -8,7 +8,10 @@ collects headers without a size limit (h11's `h11_max_incomplete_event_size` is 
 
 - a head deadline: a new connection, and a kept-alive one from the first byte of its next request, must deliver
   the request line and headers within `header_timeout_s`; else 408 and the connection closed;
-- a head size limit: more than `max_header_bytes` received without the head complete: 431 and closed;
+- a head size limit: a head over `max_header_bytes` gets 431 and the connection closed. Two counts enforce it:
+  the bytes received while a head is incomplete (a head that never ends, or one header that keeps growing), and
+  what the parser hands over of a head (its URL, header names and values), which catches a whole head parsed in
+  one read, before the request reaches the app;
 - a body deadline for a request answered before its body was read (413, 429): the rest of the body must arrive
   within `body_timeout_s` of the answer (the app's own body timeout covers bodies it reads), else closed.
 
@@ -121,6 +124,12 @@ class _CoalescingTransport:
         return getattr(self._transport, name)
 
 
+class _HeadTooLarge(Exception):
+    """Raised in a parser callback to stop parsing a head over the limit: httptools raises it on as an
+    `HttpParserCallbackError`, which uvicorn logs as an invalid request (one warning line, as for a malformed
+    head) and answers with `send_400_response`, here the 431."""
+
+
 class _Guarded(HttpToolsProtocol):
     limits: _Limits
 
@@ -131,6 +140,9 @@ class _Guarded(HttpToolsProtocol):
         """Bytes received since the current head began; None while no head is awaited."""
         self._in_message = False
         """The request's headers arrived and its body is not complete yet."""
+        self._head_size = 0
+        """Bytes of the current head the parser has handed over: URL, header names and values, 4 per header line."""
+        self._head_too_large = False
 
     # ---- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -152,7 +164,16 @@ class _Guarded(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         if self._head_bytes is None:
             self._await_head()  # the first byte of a request on a kept-alive (or pipelining) connection
+        self._head_size = 0
         super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)  # ": " and the line's CRLF
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._stop_timer()
@@ -166,6 +187,12 @@ class _Guarded(HttpToolsProtocol):
         super().on_message_complete()
 
     # ---- uvicorn ----------------------------------------------------------------------------------
+    def send_400_response(self, msg: str) -> None:
+        if self._head_too_large:  # the parser was stopped by `_count_head`, not by a malformed request
+            self._cut("header_size")
+            return
+        super().send_400_response(msg)
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self._in_message and not self.transport.is_closing() and self._timer is None:
@@ -176,6 +203,12 @@ class _Guarded(HttpToolsProtocol):
         self._stop_timer()
         self._head_bytes = 0
         self._timer = self.loop.call_later(self.limits.header_timeout_s, self._cut, "headers")
+
+    def _count_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self.limits.max_header_bytes:
+            self._head_too_large = True
+            raise _HeadTooLarge
 
     def _stop_timer(self) -> None:
         if self._timer is not None:

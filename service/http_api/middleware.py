@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.admission import Door, Ticket
+from service.error_messages import clip_message
 from service.errors import Internal, PayloadTooLarge, ServiceError, http_status
 from service.inference import ServiceState
 from service.logs import log_request
@@ -52,13 +53,19 @@ def new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
+MAX_MESSAGE_BYTES = 4096
+"""Most bytes of an error message in a response (`clip_message`): messages quote what the caller sent (a model
+name, a fill-mask target), and a value of a megabyte is not sent back whole."""
+
+
 def error_response(error: ServiceError) -> JSONResponse:
-    """`{"error": {code, message}}` with the status of `service.errors.HTTP_STATUS` (the one HTTP mapping)."""
+    """`{"error": {code, message}}` with the status of `service.errors.HTTP_STATUS` (the one HTTP mapping), the
+    message cut to `MAX_MESSAGE_BYTES`."""
     status = http_status(error)
     headers = {"retry-after": "1"} if status in (429, 503) else None
     if status == 401:
         headers = {"www-authenticate": "Bearer"}
-    body = {"error": {"code": error.code, "message": error.message}}
+    body = {"error": {"code": error.code, "message": clip_message(error.message, MAX_MESSAGE_BYTES)}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

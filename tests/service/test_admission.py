@@ -215,6 +215,66 @@ def test_oversized_headers_get_431_and_the_connection_closed(guarded_server: Ser
     assert b"headers_too_large" in answer
 
 
+def _head(extra: bytes) -> bytes:
+    return b"GET /health/live HTTP/1.1\r\nhost: x\r\n" + extra + b"\r\n"
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One whole response (its head and `content-length` bytes of body) read from `sock`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    assert len(body) == length, (head, body)
+    return head + b"\r\n\r\n" + body
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param(b"x-big: " + b"b" * (MAX_HEADER_BYTES + 100) + b"\r\n", id="one-large-header"),
+        pytest.param(b"".join(b"x-h%04d: %s\r\n" % (i, b"v" * 40) for i in range(120)), id="many-small-headers"),
+        pytest.param(b"", id="long-url"),
+    ],
+)
+def test_an_oversized_head_that_arrives_whole_gets_431(guarded_server: ServerProcess, extra: bytes) -> None:
+    """A complete head over the limit in one segment (parsed to its end in one read), on a new connection and as
+    a kept-alive connection's next request: 431 and closed, never served."""
+    long_url = b"GET /health/live?" + b"q" * (MAX_HEADER_BYTES + 100) + b" HTTP/1.1\r\nhost: x\r\n\r\n"
+    head = _head(extra) if extra else long_url
+    assert len(head) > MAX_HEADER_BYTES
+    for kept_alive in (False, True):
+        sock = _connect(guarded_server)
+        try:
+            if kept_alive:
+                sock.sendall(_head(b""))
+                assert _read_answer(sock).startswith(b"HTTP/1.1 200 ")
+            sock.sendall(head)
+            answer = _read_all(sock)
+        finally:
+            sock.close()
+        assert answer.startswith(b"HTTP/1.1 431 "), (kept_alive, answer[:200])
+        assert b"headers_too_large" in answer
+
+
+def test_a_head_within_the_limit_is_served(guarded_server: ServerProcess) -> None:
+    sock = _connect(guarded_server)
+    try:
+        sock.sendall(_head(b"x-big: " + b"b" * (MAX_HEADER_BYTES - 200) + b"\r\n"))
+        answer = _read_answer(sock)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
 def test_a_grpc_call_whose_message_never_comes_is_cancelled_at_the_body_timeout(guarded_server: ServerProcess) -> None:
     async def call() -> grpc.aio.AioRpcError:
         async with grpc.aio.insecure_channel(guarded_server.grpc_target) as channel:

@@ -295,6 +295,31 @@ def test_bad_input_is_a_4xx_that_says_what_to_change(
     assert needle in message, message
 
 
+def test_a_message_quoting_a_long_value_is_cut_in_its_middle(client: httpx.Client) -> None:
+    """An error quotes what the caller sent; a value of 100,000 characters comes back cut, not whole, with the
+    message's start and its end (the models that exist) kept."""
+    response = client.post("/classify", json={"inputs": "x", "model": "m" * 100_000})
+    message = _error(response, 422)
+    assert len(response.content) < 5000, len(response.content)
+    assert message.startswith("unknown model 'mmm") and "characters cut" in message, message[:200]
+    assert "; loaded: tiny-classify (classify)" in message[-300:], message[-300:]
+    assert client.post("/classify", json={"inputs": "still serving"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "needle"),
+    [
+        ("/classify", b'{"inputs": ["ok", "a \\ud800 b"]}', "inputs[1] is not valid Unicode text: character 2"),
+        ("/qa", b'{"question": "q", "context": "\\udfff"}', "context[0] is not valid Unicode text"),
+        ("/embed", b'{"inputs": "\\udc80\\ud800"}', "inputs[0] is not valid Unicode text: character 0"),
+    ],
+)
+def test_a_lone_surrogate_is_a_422_that_says_where(client: httpx.Client, path: str, body: bytes, needle: str) -> None:
+    """JSON may escape a lone surrogate, which is no character: refused as such, not as a tokenizer's type error."""
+    message = _error(client.post(path, content=body, headers={"content-type": "application/json"}), 422)
+    assert needle in message, message
+
+
 def test_malformed_json_and_wrong_content(client: httpx.Client) -> None:
     message = _error(
         client.post("/classify", content=b'{"inputs": "x",', headers={"content-type": "application/json"}), 400
