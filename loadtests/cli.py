@@ -98,7 +98,8 @@ def loadtest(
         typer.Option(
             help="--profile hostile: sizes and bounds as KEY=VALUE,..., e.g. 'values=100,flood=200,"
             "header_timeout_s=5,phases=distinct+flood' (keys: the fields of loadtests.hostile.HostileConfig; "
-            "max_body_bytes, max_queue, header_timeout_s, body_timeout_s must be the server's settings; "
+            "max_body_bytes, max_header_bytes, max_queue, header_timeout_s, body_timeout_s must be the server's "
+            "settings; "
             "max_inputs and max_text_chars are read from its OpenAPI schema where it states them)."
         ),
     ] = None,

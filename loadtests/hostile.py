@@ -122,6 +122,8 @@ class HostileConfig:
     """The server's max_text_chars."""
     max_body_bytes: int = 2_000_000
     """The server's max_body_bytes."""
+    max_header_bytes: int = 32_768
+    """The server's max_header_bytes: a larger request head must be refused, however it arrives."""
     max_queue: int = 512
     """The server's max_queue: the most model rows (QA / NER windows) one request may need, unless the server's
     refusal of a request over it says otherwise."""
@@ -132,7 +134,9 @@ class HostileConfig:
     recovery_s: float = 1.0
 
     def limits(self) -> cases.Limits:
-        return cases.Limits(self.max_inputs, self.max_text_chars, self.max_body_bytes, self.max_queue)
+        return cases.Limits(
+            self.max_inputs, self.max_text_chars, self.max_body_bytes, self.max_queue, self.max_header_bytes
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -110,6 +110,14 @@ def test_maximum_and_over_the_limit_requests_fill_each_limit_exactly() -> None:
     assert len(text) == limits.max_text_chars + 1
 
 
+def test_a_head_over_the_servers_limit_must_be_refused() -> None:
+    def allowed(limits: cases.Limits) -> frozenset[str]:
+        return {case.name: case.allowed for case in cases.malformed_http(limits)}["64 KB header"]
+
+    assert allowed(cases.Limits()) == {"client-error", "connection"}
+    assert allowed(cases.Limits(max_header_bytes=100_000)) == {"ok", "client-error", "connection"}
+
+
 def _row(phase: str, statuses: dict[str, dict[str, int]], **details: object) -> dict:
     return {"phase": phase, "start_s": 0.0, "end_s": 1.0, "rss_start_mb": 100.0, "rss_end_mb": 100.0,
             "rss_peak_mb": 100.0, "statuses": statuses, **details}  # fmt: skip
