@@ -99,7 +99,8 @@ class ServiceMetrics:
         self.slow_clients = Counter(
             "bertserve_slow_clients_cut",
             "Connections or requests cut for not sending their headers (or the body / gRPC message) within the "
-            "configured timeout, or for too large headers, by front door and phase (headers, body, header_size).",
+            "configured timeout, for too large headers, or for pipelining too many requests, by front door and "
+            "phase (headers, body, header_size, pipeline).",
             ["transport", "phase"],
             registry=r,
         )

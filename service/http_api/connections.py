@@ -13,10 +13,13 @@ collects headers without a size limit (h11's `h11_max_incomplete_event_size` is 
   what the parser hands over of a head (its URL, header names and values), which catches a whole head parsed in
   one read, before the request reaches the app;
 - a body deadline for a request answered before its body was read (413, 429): the rest of the body must arrive
-  within `body_timeout_s` of the answer (the app's own body timeout covers bodies it reads), else closed.
+  within `body_timeout_s` of the answer (the app's own body timeout covers bodies it reads), else closed;
+- a pipeline depth: uvicorn queues every request a client pipelines behind one at work, as many as one read holds
+  (some 6,000 minimal heads in 256 KB, 14 MB of request state), before it stops reading; past `MAX_PIPELINED`
+  waiting requests the connection is closed instead.
 
 A connection in any of these phases costs a socket and this object, no task and no thread. `on_cut(phase)` is
-told of every cut (headers, header_size, body) for the metrics.
+told of every cut (headers, header_size, body, pipeline) for the metrics.
 
 The protocol also sends a response's head and body in one system call (`_CoalescingTransport`): uvicorn writes
 them separately, and each write on an idle socket is a `send` of its own (and a TCP segment of its own, with
@@ -34,6 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+MAX_PIPELINED = 16
+"""Most requests a connection may have waiting behind the one at work (HTTP/1.1 pipelining, which no common
+client uses); the next one closes the connection."""
 
 CUT_RESPONSES = {
     "headers": (408, "Request Timeout", "request_timeout", "the request headers did not arrive within {timeout}"),
@@ -124,10 +131,11 @@ class _CoalescingTransport:
         return getattr(self._transport, name)
 
 
-class _HeadTooLarge(Exception):
-    """Raised in a parser callback to stop parsing a head over the limit: httptools raises it on as an
-    `HttpParserCallbackError`, which uvicorn logs as an invalid request (one warning line, as for a malformed
-    head) and answers with `send_400_response`, here the 431."""
+class _StopParsing(Exception):
+    """Raised in a parser callback to stop parsing what a connection sent (a head over the limit, a request
+    beyond the pipeline's depth): httptools raises it on as an `HttpParserCallbackError`, which uvicorn logs as an
+    invalid request (one warning line, as for a malformed head) and answers with `send_400_response`, here the
+    connection's cut."""
 
 
 class _Guarded(HttpToolsProtocol):
@@ -142,7 +150,8 @@ class _Guarded(HttpToolsProtocol):
         """The request's headers arrived and its body is not complete yet."""
         self._head_size = 0
         """Bytes of the current head the parser has handed over: URL, header names and values, 4 per header line."""
-        self._head_too_large = False
+        self._stopped_for: str | None = None
+        """The phase of the cut for which a parser callback stopped the parser (`_stop_parsing`)."""
 
     # ---- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -179,6 +188,8 @@ class _Guarded(HttpToolsProtocol):
         self._stop_timer()
         self._head_bytes = None
         self._in_message = True
+        if len(self.pipeline) >= MAX_PIPELINED:
+            self._stop_parsing("pipeline")
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -188,8 +199,8 @@ class _Guarded(HttpToolsProtocol):
 
     # ---- uvicorn ----------------------------------------------------------------------------------
     def send_400_response(self, msg: str) -> None:
-        if self._head_too_large:  # the parser was stopped by `_count_head`, not by a malformed request
-            self._cut("header_size")
+        if self._stopped_for is not None:  # the parser was stopped by `_stop_parsing`, not by a malformed request
+            self._cut(self._stopped_for)
             return
         super().send_400_response(msg)
 
@@ -207,8 +218,11 @@ class _Guarded(HttpToolsProtocol):
     def _count_head(self, size: int) -> None:
         self._head_size += size
         if self._head_size > self.limits.max_header_bytes:
-            self._head_too_large = True
-            raise _HeadTooLarge
+            self._stop_parsing("header_size")
+
+    def _stop_parsing(self, phase: str) -> None:
+        self._stopped_for = phase
+        raise _StopParsing(phase)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:

@@ -275,6 +275,36 @@ def test_a_head_within_the_limit_is_served(guarded_server: ServerProcess) -> Non
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
 
 
+def test_a_few_pipelined_requests_are_answered_in_order(guarded_server: ServerProcess) -> None:
+    sock = _connect(guarded_server)
+    try:
+        paths = [b"/health/live", b"/health/ready", b"/nowhere", b"/health/live"]
+        sock.sendall(b"".join(b"GET " + path + b" HTTP/1.1\r\nhost: x\r\n\r\n" for path in paths))
+        statuses = [_read_answer(sock).split(b"\r\n", 1)[0] for _ in paths]
+    finally:
+        sock.close()
+    assert statuses == [b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found", b"HTTP/1.1 200 OK"]
+
+
+def test_a_deep_pipeline_closes_the_connection_instead_of_queueing_it(guarded_server: ServerProcess) -> None:
+    """6,000 requests pipelined in one write (each would be request state held until its turn): the connection
+    is closed once more than MAX_PIPELINED wait behind the one at work, and the server goes on serving."""
+    from service.http_api.connections import MAX_PIPELINED
+
+    sock = _connect(guarded_server)
+    try:
+        sock.sendall(_head(b"") * 6000)
+        answer = _read_all(sock)
+    finally:
+        sock.close()
+    assert answer.count(b"HTTP/1.1 200 ") <= MAX_PIPELINED + 1, answer.count(b"HTTP/1.1 200 ")
+    assert httpx.get(guarded_server.url + "/health/live").status_code == 200
+    assert (
+        'bertserve_slow_clients_cut_total{phase="pipeline",transport="http"} 1.0'
+        in httpx.get(guarded_server.url + "/metrics").text
+    )
+
+
 def test_a_grpc_call_whose_message_never_comes_is_cancelled_at_the_body_timeout(guarded_server: ServerProcess) -> None:
     async def call() -> grpc.aio.AioRpcError:
         async with grpc.aio.insecure_channel(guarded_server.grpc_target) as channel:
