@@ -220,21 +220,31 @@ def _head(extra: bytes) -> bytes:
 
 
 def _read_answer(sock: socket.socket) -> bytes:
-    """One whole response (its head and `content-length` bytes of body) read from `sock`."""
+    """One whole response read from `sock` (the only one expected on it)."""
+    return _read_answers(sock, 1)[0]
+
+
+def _read_answers(sock: socket.socket, count: int) -> list[bytes]:
+    """`count` whole responses (each its head and `content-length` bytes of body) read from `sock`; pipelined
+    answers may come in one read, so what one read brings past an answer begins the next."""
+    answers: list[bytes] = []
     data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.lower().split(b"\r\n")
-    length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:"))
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, data
-        body += chunk
-    assert len(body) == length, (head, body)
-    return head + b"\r\n\r\n" + body
+    while len(answers) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, (answers, data)
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.lower().split(b"\r\n")
+        length = next(int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:"))
+        while len(rest) < length:
+            chunk = sock.recv(65536)
+            assert chunk, (answers, data)
+            rest += chunk
+        answers.append(head + b"\r\n\r\n" + rest[:length])
+        data = rest[length:]
+    assert not data, data  # nothing more than was asked for
+    return answers
 
 
 @pytest.mark.parametrize(
@@ -280,7 +290,7 @@ def test_a_few_pipelined_requests_are_answered_in_order(guarded_server: ServerPr
     try:
         paths = [b"/health/live", b"/health/ready", b"/nowhere", b"/health/live"]
         sock.sendall(b"".join(b"GET " + path + b" HTTP/1.1\r\nhost: x\r\n\r\n" for path in paths))
-        statuses = [_read_answer(sock).split(b"\r\n", 1)[0] for _ in paths]
+        statuses = [answer.split(b"\r\n", 1)[0] for answer in _read_answers(sock, len(paths))]
     finally:
         sock.close()
     assert statuses == [b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found", b"HTTP/1.1 200 OK"]
