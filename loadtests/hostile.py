@@ -16,6 +16,11 @@ Phases, in order (`--hostile phases=...` picks some):
   the bound a 4xx (not 429);
 - `flood`: `flood` connections opened at once, then each sends a 64-sentence /classify; bounds: only 200 / 429 /
   503, peak RSS growth <= `max_flood_growth_mb`, a normal answer within `recovery_s` after the last reply;
+- `pipeline`: `pipelined` connections, each writing `pipeline_requests` minimal GETs at once (HTTP/1.1
+  pipelining, some 46 bytes a request), then reading until the server closes the connection or has answered them
+  all; bounds: every connection ended within `client_timeout_s` (closed or answered, not left hanging), peak RSS
+  growth <= `max_pipeline_growth_mb` (a server that queues every request it has read holds them all at once), a
+  normal answer within `recovery_s` after;
 - `slow`: `slow_clients` connections of each kind (headers dribbled a byte a second, a body dribbled a byte a
   second, idle), beside small /classify; bounds: every one cut within its timeout + `slow_slack_s`
   (`header_timeout_s` for headers and idle ones, `body_timeout_s` for bodies: the server's settings of those
@@ -57,12 +62,14 @@ from loadtests.hostile_net import (
     Clock,
     GrpcRequest,
     MetricsRss,
+    PipelineResult,
     ProcRss,
     RestRequest,
     RssProbe,
     SlowResult,
     grpc_call,
     http_bytes,
+    pipelined_client,
     rest_call,
     slow_client,
     status_class,
@@ -77,7 +84,7 @@ from loadtests.targets import RunningServer, Target
 if TYPE_CHECKING:
     from loadtests.runner import RunOptions
 
-PHASES = ("warmup", "distinct", "max-size", "flood", "slow", "malformed")
+PHASES = ("warmup", "distinct", "max-size", "flood", "pipeline", "slow", "malformed")
 MB = 1024 * 1024
 SMALL = "small /classify"
 SLOW_KINDS = ("headers", "body", "idle")
@@ -104,6 +111,10 @@ class HostileConfig:
     """Closed-loop clients sending maximum-size requests."""
     flood: int = 500
     """Connections of the flood, opened at once."""
+    pipelined: int = 20
+    """Connections of the pipeline phase."""
+    pipeline_requests: int = 6000
+    """Requests each pipelining connection writes at once (6,000 minimal GETs: 276 KB)."""
     slow_clients: int = 100
     """Slow connections of each kind: headers, body, idle (more than the server admits at once: a slow body must
     not hold an admission slot for long)."""
@@ -131,6 +142,7 @@ class HostileConfig:
     small_p99_ms: float = 250.0
     small_ok_share: float = 0.99
     max_flood_growth_mb: float = 300.0
+    max_pipeline_growth_mb: float = 50.0
     recovery_s: float = 1.0
 
     def limits(self) -> cases.Limits:
@@ -179,12 +191,17 @@ def _parse_value(key: str, value: str, default: Any) -> Any:
 def _check_config(config: HostileConfig) -> None:
     positive = ("values", "concurrency", "small_rate", "flood", "slow_interval_s", "client_timeout_s",
                 "max_inputs", "max_text_chars", "max_body_bytes", "max_queue", "big_clients",
-                "distinct_limit_s")  # fmt: skip
+                "distinct_limit_s", "pipelined", "pipeline_requests")  # fmt: skip
     zero = [name for name in positive if getattr(config, name) <= 0]
     if zero:
         raise ValueError(f"--hostile {', '.join(zero)} must be positive")
-    if config.flood > 5000 or config.slow_clients > 1000 or config.values > 100_000:
-        raise ValueError("--hostile: at most 5000 flood connections, 1000 slow clients per kind, 100000 values")
+    if config.flood > 5000 or config.slow_clients > 1000 or config.values > 100_000 or config.pipelined > 1000:
+        raise ValueError(
+            "--hostile: at most 5000 flood connections, 1000 pipelining connections, 1000 slow clients per kind, "
+            "100000 values"
+        )
+    if config.pipeline_requests > 100_000:
+        raise ValueError(f"--hostile pipeline_requests={config.pipeline_requests} must be at most 100000")
     if config.small_rate > 500:
         raise ValueError(f"--hostile small_rate={config.small_rate} must be at most 500 per second")
 
@@ -451,6 +468,16 @@ async def _flood(run: Run, phase: Phase) -> None:
     phase.details["recovered_s"] = await _recovery(run, phase.name + " recovery")
 
 
+async def _pipeline(run: Run, phase: Phase) -> None:
+    host, port = _host_port(run.server.http_url)
+    config = run.config
+    requests, limit = config.pipeline_requests, config.client_timeout_s
+    jobs = [pipelined_client(host, port, requests, limit) for _ in range(config.pipelined)]
+    results: list[PipelineResult] = await asyncio.gather(*jobs)
+    phase.details["pipelined"] = [dataclasses.asdict(result) for result in results]
+    phase.details["recovered_s"] = await _recovery(run, phase.name + " recovery")
+
+
 def slow_timeout(config: HostileConfig, kind: str) -> float:
     """The server timeout that must cut a slow client of `kind`."""
     return config.body_timeout_s if kind == "body" else config.header_timeout_s
@@ -503,6 +530,7 @@ PHASE_BODIES: dict[str, Callable[[Run, Phase], Awaitable[None]]] = {
     "distinct": _distinct,
     "max-size": _max_size,
     "flood": _flood,
+    "pipeline": _pipeline,
     "slow": _slow,
     "malformed": _malformed,
 }

@@ -5,6 +5,7 @@ figures in summary.json): one check per bound, `passed` or not, `skipped` when t
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -159,6 +160,27 @@ def _flood(checks: Checks, row: dict[str, Any], config: dict[str, Any]) -> None:
     _recovery_check(checks, "flood", row, config)
 
 
+def _pipeline(checks: Checks, row: dict[str, Any], config: dict[str, Any]) -> None:
+    results = row.get("pipelined", [])
+    limit = config["client_timeout_s"]
+    ended = [r for r in results if r["end_s"] is not None]
+    hows = dict(sorted(Counter(r["how"] for r in results).items()))
+    answers = [r["answers"] for r in results]
+    most = f", at most {max(answers)} answers on one" if answers else ""
+    checks.add(
+        f"pipeline: {len(ended)} of {len(results)} connections of {config['pipeline_requests']} pipelined requests "
+        f"ended within {limit:g} s ({hows}{most})",
+        len(ended) == len(results) == config["pipelined"],
+    )
+    growth = _growth(row["rss_start_mb"], row["rss_peak_mb"])
+    bound = config["max_pipeline_growth_mb"]
+    if growth is None:
+        checks.add("pipeline: RSS growth not measured (no RSS source)", True, skipped=True)
+    else:
+        checks.add(f"pipeline: peak RSS growth {growth:+.1f} MB <= {bound:g} MB", growth <= bound)
+    _recovery_check(checks, "pipeline", row, config)
+
+
 def _slow(checks: Checks, row: dict[str, Any], small: dict[str, Any], config: dict[str, Any]) -> None:
     results = row.get("slow", [])
     kinds: dict[str, list[dict[str, Any]]] = {}
@@ -230,6 +252,8 @@ def hostile_checks(target: str, hostile: dict[str, Any], small: dict[str, Any]) 
             _max_size(checks, row, small, config)
         elif phase == "flood":
             _flood(checks, row, config)
+        elif phase == "pipeline":
+            _pipeline(checks, row, config)
         elif phase == "slow":
             _slow(checks, row, small, config)
         elif phase == "malformed":

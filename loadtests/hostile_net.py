@@ -14,6 +14,7 @@ RFC 9112 (HTTP/1.1 message syntax), https://en.wikipedia.org/wiki/Slowloris_(com
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 import time
@@ -299,6 +300,54 @@ def _slow_end(kind: str, start: float, answer: asyncio.Future[bytes], sent: int)
         return SlowResult(kind, elapsed, _connection_status(error), sent)
     match = STATUS_LINE.match(data)
     return SlowResult(kind, elapsed, match.group(1).decode() if match else "closed", sent)
+
+
+PIPELINED_HEAD = b"GET /health/live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n"
+"""One request of a pipelining client: a minimal kept-alive GET, as small a head as a server will take."""
+
+
+@dataclass
+class PipelineResult:
+    sent: int
+    """Requests written (pipelined in one write; fewer reached the server when it closed the connection early)."""
+    answers: int
+    """Responses read before the connection ended."""
+    end_s: float | None
+    """Seconds from the write until the server closed the connection or answered every request; None: neither
+    within the limit."""
+    how: str
+    """`closed` (by the server), `reset`, `all answered`, `not ended` or `connect failed`."""
+
+
+async def pipelined_client(host: str, port: int, requests: int, limit_s: float) -> PipelineResult:
+    """Write `requests` minimal GETs on one connection at once (HTTP/1.1 pipelining), then read until the server
+    closes the connection or has answered them all, at most `limit_s` seconds. A server that queues what it has
+    read keeps each request's state until its turn; one that stops reading, or closes, keeps none."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=10)
+    except (OSError, TimeoutError) as error:
+        return PipelineResult(0, 0, None, f"connect failed: {error}"[:80])
+    start = time.perf_counter()
+    answers, tail = 0, b""
+    try:
+        async with asyncio.timeout(limit_s):
+            writer.write(PIPELINED_HEAD * requests)
+            with contextlib.suppress(OSError):  # the server may close before it has read everything
+                await writer.drain()
+            while answers < requests:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    return PipelineResult(requests, answers, time.perf_counter() - start, "closed")
+                data = tail + chunk
+                answers += data.count(b"HTTP/1.1 ")
+                tail = data[-8:]  # a status line cut between two reads is counted in the next; 8 bytes hold none whole
+        return PipelineResult(requests, answers, time.perf_counter() - start, "all answered")
+    except TimeoutError:
+        return PipelineResult(requests, answers, None, "not ended")
+    except OSError as error:
+        return PipelineResult(requests, answers, time.perf_counter() - start, _connection_status(error))
+    finally:
+        writer.close()
 
 
 # ---- the server's RSS ----------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from tests.loadtests.test_smoke import REPO, _run_dir
 
 SHORT = (
     "values=30,concurrency=4,idle_s=0.5,max_size_s=2,big_clients=1,flood=50,slow_clients=3,header_timeout_s=1,"
-    "body_timeout_s=1,slow_slack_s=1,max_distinct_growth_mb=40"
+    "body_timeout_s=1,slow_slack_s=1,max_distinct_growth_mb=40,pipelined=5,pipeline_requests=500"
 )
 
 
@@ -147,6 +147,29 @@ def test_checks_name_each_broken_bound() -> None:
     assert any("the profile: a normal answer 0.01 s" in d for d in passed)
 
 
+def test_pipeline_checks_name_a_connection_left_hanging_and_the_memory_it_grew() -> None:
+    config = HostileConfig(pipelined=3).to_dict()
+    pipelined = [
+        {"sent": 6000, "answers": 17, "end_s": 0.01, "how": "closed"},
+        {"sent": 6000, "answers": 6000, "end_s": 2.5, "how": "all answered"},
+        {"sent": 6000, "answers": 120, "end_s": None, "how": "not ended"},
+    ]
+    rows = [_row("pipeline", {}, rss_peak_mb=380.0, pipelined=pipelined, recovered_s=0.02)]
+    checks = hostile_checks("t", {"config": config, "phases": rows}, {"endpoints": {}})
+    by_passed = {c["description"]: c["passed"] for c in checks}
+    assert by_passed == {
+        "pipeline: 2 of 3 connections of 6000 pipelined requests ended within 60 s ({'all answered': 1, 'closed': 1, "
+        "'not ended': 1}, at most 6000 answers on one)": False,
+        "pipeline: peak RSS growth +280.0 MB <= 50 MB": False,
+        "pipeline: a normal answer 0.02 s after it (<= 1 s)": True,
+    }
+    rows[0]["pipelined"] = pipelined[:2]
+    rows[0]["rss_peak_mb"] = 101.0
+    config["pipelined"] = 2
+    checks = hostile_checks("t", {"config": config, "phases": rows}, {"endpoints": {}})
+    assert all(c["passed"] for c in checks), checks
+
+
 def test_hostile_options_are_checked_before_any_load(tmp_path: Path) -> None:
     for overrides, message in (
         ({"users": 4}, "--users: not for the hostile profile"),
@@ -187,8 +210,10 @@ def test_a_sound_server_passes_every_bound(fake_server: str, tmp_path: Path) -> 
     summary = json.loads((run_dir / "summary.json").read_text())
     target = summary["targets"]["external"]
     assert [row["phase"] for row in target["hostile"]["phases"]] == [
-        "warmup", "distinct", "max-size", "flood", "slow", "malformed", "after"
+        "warmup", "distinct", "max-size", "flood", "pipeline", "slow", "malformed", "after"
     ]  # fmt: skip
+    pipelined = target["hostile"]["phases"][4]["pipelined"]
+    assert len(pipelined) == 5 and all(r["how"] in ("closed", "reset") and r["answers"] <= 1 for r in pipelined)
     assert target["hostile"]["rss_source"].startswith("process_resident_memory_bytes of")
     assert all(c["passed"] for c in summary["checks"]), summary["checks"]
     skipped = [c["description"] for c in summary["checks"] if c.get("skipped")]
@@ -267,7 +292,7 @@ def test_the_tiny_server_through_both_front_doors(tiny: tuple[Path, Path], tmp_p
     _, bundle = tiny
     results = tmp_path / "results"
     # the fakes show the slow-client bounds; smaller "maximum" bodies keep the run short on the tiny model
-    short = SHORT + ",values=10,flood=40,max_body_bytes=300000,phases=warmup+distinct+max-size+flood+malformed"
+    short = SHORT + ",values=10,flood=40,max_body_bytes=300000,phases=warmup+distinct+max-size+flood+pipeline+malformed"
     command = [sys.executable, "-m", "bertserve", "loadtest", "--profile", "hostile", "--mix", "/classify",
                "--models", f"classify={bundle}", "--hostile", short, "--results-dir", str(results)]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240)
@@ -288,5 +313,7 @@ def test_the_tiny_server_through_both_front_doors(tiny: tuple[Path, Path], tmp_p
     grpc_cases = [case for case in rows["malformed"]["cases"] if "Request" in case["case"] or "method" in case["case"]]
     assert grpc_cases and all(case["status"].isupper() for case in grpc_cases)
     assert sum(rows["flood"]["statuses"]["flood /classify"].values()) == 40
+    pipelined = rows["pipeline"]["pipelined"]  # cut past MAX_PIPELINED waiting, not queued
+    assert len(pipelined) == 5 and all(r["how"] in ("closed", "reset") and r["answers"] <= 17 for r in pipelined)
     checks = {c["description"]: c["passed"] for c in summary["checks"]}
     assert checks["after: the server process is alive (no crash)"], summary["checks"]
