@@ -15,8 +15,11 @@ collects headers without a size limit (h11's `h11_max_incomplete_event_size` is 
 - a body deadline for a request answered before its body was read (413, 429): the rest of the body must arrive
   within `body_timeout_s` of the answer (the app's own body timeout covers bodies it reads), else closed;
 - a pipeline depth: uvicorn queues every request a client pipelines behind one at work, as many as one read holds
-  (some 6,000 minimal heads in 256 KB, 14 MB of request state), before it stops reading; past `MAX_PIPELINED`
-  waiting requests the connection is closed instead.
+  (some 6,000 minimal heads in 256 KB, 14 MB of request state), before it stops reading. Past `MAX_PIPELINED`
+  waiting requests the parser stops: the requests already queued are answered, in order, nothing more is read,
+  then the connection is half-closed and what the client still sends is read and dropped for `LINGER_S` before
+  it is closed (a close with unread bytes would be a reset, which can destroy the answers in the client's kernel
+  before it reads them).
 
 A connection in any of these phases costs a socket and this object, no task and no thread. `on_cut(phase)` is
 told of every cut (headers, header_size, body, pipeline) for the metrics.
@@ -40,7 +43,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_PIPELINED = 16
 """Most requests a connection may have waiting behind the one at work (HTTP/1.1 pipelining, which no common
-client uses); the next one closes the connection."""
+client uses); the next one ends the connection once the ones queued are answered."""
+
+LINGER_S = 2.0
+"""How long a connection ended for its pipeline's depth reads and drops what its client still sends after the
+last answer and the FIN, before it is closed."""
 
 CUT_RESPONSES = {
     "headers": (408, "Request Timeout", "request_timeout", "the request headers did not arrive within {timeout}"),
@@ -135,7 +142,7 @@ class _StopParsing(Exception):
     """Raised in a parser callback to stop parsing what a connection sent (a head over the limit, a request
     beyond the pipeline's depth): httptools raises it on as an `HttpParserCallbackError`, which uvicorn logs as an
     invalid request (one warning line, as for a malformed head) and answers with `send_400_response`, here the
-    connection's cut."""
+    connection's cut (for the pipeline's depth, its drain)."""
 
 
 class _Guarded(HttpToolsProtocol):
@@ -152,6 +159,10 @@ class _Guarded(HttpToolsProtocol):
         """Bytes of the current head the parser has handed over: URL, header names and values, 4 per header line."""
         self._stopped_for: str | None = None
         """The phase of the cut for which a parser callback stopped the parser (`_stop_parsing`)."""
+        self._draining = False
+        """The pipeline went past its depth: the requests queued are answered, and what arrives is dropped."""
+        self._lingering = False
+        """Drained and half-closed: closed at the client's FIN or after `LINGER_S`."""
 
     # ---- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -159,6 +170,8 @@ class _Guarded(HttpToolsProtocol):
         self._await_head()  # a new connection owes its first request head
 
     def data_received(self, data: bytes) -> None:
+        if self._draining:
+            return
         if self._head_bytes is not None:
             self._head_bytes += len(data)
         super().data_received(data)
@@ -199,13 +212,19 @@ class _Guarded(HttpToolsProtocol):
 
     # ---- uvicorn ----------------------------------------------------------------------------------
     def send_400_response(self, msg: str) -> None:
+        if self._stopped_for == "pipeline":
+            self._drain()
+            return
         if self._stopped_for is not None:  # the parser was stopped by `_stop_parsing`, not by a malformed request
             self._cut(self._stopped_for)
             return
         super().send_400_response(msg)
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # starts the next queued request, and resumes reading
+        if self._draining:
+            self._drain()
+            return
         if self._in_message and not self.transport.is_closing() and self._timer is None:
             self._timer = self.loop.call_later(self.limits.body_timeout_s, self._cut, "body")
 
@@ -223,6 +242,26 @@ class _Guarded(HttpToolsProtocol):
     def _stop_parsing(self, phase: str) -> None:
         self._stopped_for = phase
         raise _StopParsing(phase)
+
+    def _drain(self) -> None:
+        """Answer the requests queued (uvicorn starts each when the one before it is answered) without reading
+        more, then half-close and drop what still comes for `LINGER_S`."""
+        if not self._draining:
+            self._draining = True
+            self._stop_timer()
+            self._head_bytes = None
+            self._in_message = False
+        if self._lingering or self.transport.is_closing():
+            return
+        if self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
+            self.flow.pause_reading()
+            return
+        if self.limits.on_cut is not None:
+            self.limits.on_cut("pipeline")
+        self._lingering = True
+        self.flow.resume_reading()  # to drop what the client still sends (data_received), not to leave it unread
+        self.transport.write_eof()
+        self._timer = self.loop.call_later(LINGER_S, self.transport.close)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
