@@ -488,13 +488,13 @@ class InferenceService:
                 raise InvalidInput(f"{name}[{index}] must be a string, got {type(text).__name__}")
             if not text.strip():
                 raise InvalidInput(f"{name}[{index}] is empty: send non-blank text")
-            if not text.isascii():
-                _check_unicode(text, f"{name}[{index}]")
             if len(text) > self.settings.max_text_chars:
                 raise InvalidInput(
                     f"{name}[{index}] has {len(text)} characters, more than the limit of "
                     f"{self.settings.max_text_chars}; shorten it"
                 )
+            if not text.isascii():  # after the length check: this encodes the whole text
+                _check_unicode(text, f"{name}[{index}]")
 
     # ---- the common path --------------------------------------------------------------------------
     async def _run(self, model: LoadedModel, request: TaskInput, timeout_s: float | None, route: str) -> Outcome:
