@@ -94,6 +94,14 @@ def _recovery_check(checks: Checks, phase: str, row: dict[str, Any], config: dic
     checks.add(f"{phase}: {text} after it (<= {within:g} s)", seconds is not None and seconds <= within)
 
 
+def _peak_growth_check(checks: Checks, phase: str, row: dict[str, Any], bound: float) -> None:
+    growth = _growth(row["rss_start_mb"], row["rss_peak_mb"])
+    if growth is None:
+        checks.add(f"{phase}: RSS growth not measured (no RSS source)", True, skipped=True)
+    else:
+        checks.add(f"{phase}: peak RSS growth {growth:+.1f} MB <= {bound:g} MB", growth <= bound)
+
+
 def _distinct(checks: Checks, row: dict[str, Any], config: dict[str, Any]) -> None:
     sweeps = row.get("sweeps", {})
     growth = _growth(row["rss_start_mb"], row["rss_end_mb"])
@@ -151,12 +159,7 @@ def _flood(checks: Checks, row: dict[str, Any], config: dict[str, Any]) -> None:
         f"flood: {total} connections answered only 200 / 429 / 503 ({statuses})",
         not wrong and total == config["flood"],
     )
-    growth = _growth(row["rss_start_mb"], row["rss_peak_mb"])
-    bound = config["max_flood_growth_mb"]
-    if growth is None:
-        checks.add("flood: RSS growth not measured (no RSS source)", True, skipped=True)
-    else:
-        checks.add(f"flood: peak RSS growth {growth:+.1f} MB <= {bound:g} MB", growth <= bound)
+    _peak_growth_check(checks, "flood", row, config["max_flood_growth_mb"])
     _recovery_check(checks, "flood", row, config)
 
 
@@ -172,12 +175,7 @@ def _pipeline(checks: Checks, row: dict[str, Any], config: dict[str, Any]) -> No
         f"ended within {limit:g} s ({hows}{most})",
         len(ended) == len(results) == config["pipelined"],
     )
-    growth = _growth(row["rss_start_mb"], row["rss_peak_mb"])
-    bound = config["max_pipeline_growth_mb"]
-    if growth is None:
-        checks.add("pipeline: RSS growth not measured (no RSS source)", True, skipped=True)
-    else:
-        checks.add(f"pipeline: peak RSS growth {growth:+.1f} MB <= {bound:g} MB", growth <= bound)
+    _peak_growth_check(checks, "pipeline", row, config["max_pipeline_growth_mb"])
     _recovery_check(checks, "pipeline", row, config)
 
 
