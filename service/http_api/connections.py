@@ -159,8 +159,6 @@ class _Guarded(HttpToolsProtocol):
         """Bytes of the current head the parser has handed over: URL, header names and values, 4 per header line."""
         self._stopped_for: str | None = None
         """The phase of the cut for which a parser callback stopped the parser (`_stop_parsing`)."""
-        self._draining = False
-        """The pipeline went past its depth: the requests queued are answered, and what arrives is dropped."""
         self._lingering = False
         """Drained and half-closed: closed at the client's FIN or after `LINGER_S`."""
 
@@ -170,7 +168,7 @@ class _Guarded(HttpToolsProtocol):
         self._await_head()  # a new connection owes its first request head
 
     def data_received(self, data: bytes) -> None:
-        if self._draining:
+        if self._stopped_for == "pipeline":  # draining: the requests queued are answered, what arrives is dropped
             return
         if self._head_bytes is not None:
             self._head_bytes += len(data)
@@ -213,6 +211,9 @@ class _Guarded(HttpToolsProtocol):
     # ---- uvicorn ----------------------------------------------------------------------------------
     def send_400_response(self, msg: str) -> None:
         if self._stopped_for == "pipeline":
+            self._stop_timer()
+            self._head_bytes = None
+            self._in_message = False
             self._drain()
             return
         if self._stopped_for is not None:  # the parser was stopped by `_stop_parsing`, not by a malformed request
@@ -222,7 +223,7 @@ class _Guarded(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # starts the next queued request, and resumes reading
-        if self._draining:
+        if self._stopped_for == "pipeline":
             self._drain()
             return
         if self._in_message and not self.transport.is_closing() and self._timer is None:
@@ -246,11 +247,6 @@ class _Guarded(HttpToolsProtocol):
     def _drain(self) -> None:
         """Answer the requests queued (uvicorn starts each when the one before it is answered) without reading
         more, then half-close and drop what still comes for `LINGER_S`."""
-        if not self._draining:
-            self._draining = True
-            self._stop_timer()
-            self._head_bytes = None
-            self._in_message = False
         if self._lingering or self.transport.is_closing():
             return
         if self.pipeline or (self.cycle is not None and not self.cycle.response_complete):
