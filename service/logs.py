@@ -8,6 +8,13 @@ meanwhile: the event loop, which logs one access line per request, only appends 
 thread per line (a wake-up per line was some 5% of the event loop's time under load); a warning or worse wakes the
 writer at once. An access line (`log_request`) becomes a record on the writer's thread, from the few values the
 request gives. The writer is stopped (what is queued written) at interpreter exit.
+
+What clients can make the server log is bounded twice. At most `MAX_QUEUED` records wait for the writer: past
+that (an output slower than the requests, e.g. a stalled pipe), records are dropped and counted, and the writer
+says how many once it catches up. uvicorn logs a warning per malformed request head (and per head this service
+cuts for its size or its pipeline's depth, `service.http_api.connections`): `RepeatedClientErrors` lets one such
+line through per `CLIENT_ERROR_INTERVAL_S`, the next one carrying how many were held back (`held_back`), so a
+client opening connection after connection cannot write a line for each.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from service.worker_threads import name_this_thread
@@ -27,6 +35,15 @@ LOG_THREAD = "bs-log"
 """The thread that formats and writes log records."""
 TICK_S = 0.1
 """How often the writer wakes to write the info-level records that came meanwhile."""
+MAX_QUEUED = 10_000
+"""Most records waiting for the writer (some 20 s of access lines at 500 requests/s); past it, new ones are
+dropped and counted."""
+CLIENT_ERROR_INTERVAL_S = 10.0
+"""At most one line per this many seconds for each of uvicorn's warnings about a client's request
+(`CLIENT_ERRORS`)."""
+CLIENT_ERRORS = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
+"""uvicorn's warnings (logger `uvicorn.error`) about what one client sent: a malformed or cut head, an upgrade to a
+protocol the server does not speak."""
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__)
 _STANDARD |= {"message", "asctime", "taskName", "color_message"}
@@ -64,18 +81,60 @@ class _Access(tuple[float, str, str, int, float, str]):
         return record
 
 
+class RepeatedClientErrors(logging.Filter):
+    """Lets one record of each message in `messages` through per `interval_s`; the next one let through carries
+    how many were held back since the last (`held_back`). Records of other messages pass. Its state is one entry
+    per message of the fixed set."""
+
+    def __init__(
+        self,
+        messages: frozenset[str] = CLIENT_ERRORS,
+        interval_s: float = CLIENT_ERROR_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.messages = messages
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg
+        if not isinstance(message, str) or message not in self.messages:
+            return True
+        now = self._clock()
+        last = self._last.get(message)
+        if last is not None and now - last < self.interval_s:
+            self._held[message] = self._held.get(message, 0) + 1
+            return False
+        self._last[message] = now
+        held = self._held.pop(message, 0)
+        if held:
+            record.held_back = held
+        return True
+
+
 class _Writer:
-    """The `bs-log` thread: writes the queued records through `handler` every `TICK_S`, or at once when woken."""
+    """The `bs-log` thread: writes the queued records through `handler` every `TICK_S`, or at once when woken.
+    At most `MAX_QUEUED` wait; past that, records are dropped, and counted in a warning written once there is room."""
 
     def __init__(self, handler: logging.Handler) -> None:
         self.handler = handler
         self._records: collections.deque[logging.LogRecord | _Access] = collections.deque()
+        self._dropped = 0
+        self._drop_lock = threading.Lock()
+        """Held to count a dropped record and to take the count: the rare path, so the common one takes no lock."""
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=LOG_THREAD, daemon=True)
         self._thread.start()
 
     def put(self, record: logging.LogRecord | _Access, urgent: bool = False) -> None:
+        if len(self._records) >= MAX_QUEUED:
+            with self._drop_lock:
+                self._dropped += 1
+            return
         self._records.append(record)  # atomic: no lock, nothing woken
         if urgent:
             self._wake.set()
@@ -98,6 +157,13 @@ class _Writer:
         while self._records:
             item = self._records.popleft()
             self.handler.handle(item.record() if isinstance(item, _Access) else item)
+        with self._drop_lock:
+            dropped, self._dropped = self._dropped, 0
+        if dropped:
+            message = f"{dropped} log records dropped: more than {MAX_QUEUED} waited for the log output"
+            self.handler.handle(
+                logging.getLogger(__name__).makeRecord(__name__, logging.WARNING, "", 0, message, (), None)
+            )
 
 
 class _QueueingHandler(logging.Handler):
@@ -155,4 +221,8 @@ def configure_logging(level: str = "info", json_lines: bool = True) -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    client_errors = logging.getLogger("uvicorn.error")
+    for old in [f for f in client_errors.filters if isinstance(f, RepeatedClientErrors)]:
+        client_errors.removeFilter(old)
+    client_errors.addFilter(RepeatedClientErrors())
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # our middleware logs requests

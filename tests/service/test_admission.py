@@ -321,6 +321,27 @@ def test_a_deep_pipeline_is_answered_up_to_its_depth_then_closed(guarded_server:
     )
 
 
+def test_malformed_heads_on_many_connections_write_at_most_one_log_line(guarded_server: ServerProcess) -> None:
+    """uvicorn logs a warning per malformed head: 30 connections in a row, each with a malformed head, get their
+    400 each but add at most one line to the log (one per 10 s)."""
+    message = "Invalid HTTP request received."
+
+    def lines() -> int:
+        return guarded_server.log_path.read_text().count(message)
+
+    before = lines()
+    for _ in range(30):
+        sock = _connect(guarded_server)
+        try:
+            sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            assert _read_all(sock).startswith(b"HTTP/1.1 400 ")
+        finally:
+            sock.close()
+    time.sleep(0.5)  # a warning is written at once: well within this
+    assert lines() - before <= 1
+    assert httpx.get(guarded_server.url + "/health/live").status_code == 200
+
+
 def test_a_grpc_call_whose_message_never_comes_is_cancelled_at_the_body_timeout(guarded_server: ServerProcess) -> None:
     async def call() -> grpc.aio.AioRpcError:
         async with grpc.aio.insecure_channel(guarded_server.grpc_target) as channel:

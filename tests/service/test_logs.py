@@ -100,3 +100,54 @@ def test_a_warning_is_written_at_once_and_access_lines_below_the_level_not_at_al
     logs._stop_writer()
     err += capsys.readouterr().err
     assert [json.loads(line)["message"] for line in err.splitlines()] == ["queue full"]
+
+
+def test_records_past_the_queue_bound_are_dropped_and_counted(
+    stderr: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output slower than the requests (here a handler held on its first record) cannot grow the queue past
+    MAX_QUEUED; once it catches up the writer says how many it dropped."""
+    monkeypatch.setattr(logs, "MAX_QUEUED", 20)
+    logs.configure_logging("info", json_lines=True)
+    assert logs._writer is not None
+    entered, release = threading.Event(), threading.Event()
+    handler = logs._writer.handler
+    original = handler.handle
+
+    def held(record: logging.LogRecord) -> bool:
+        entered.set()
+        release.wait(10)
+        return original(record)
+
+    monkeypatch.setattr(handler, "handle", held)
+    logging.getLogger("service").warning("first")
+    assert entered.wait(5)  # the writer holds "first"; what follows queues behind it
+    for index in range(20 + 35):
+        logs.log_request("POST", "/classify", 200, 1.0, f"req-{index}")
+    assert len(logs._writer._records) == 20
+    release.set()
+    logs._stop_writer()
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [line["message"] for line in lines[:2]] == ["first", "request"]
+    assert [line["request_id"] for line in lines[1:21]] == [f"req-{index}" for index in range(20)]
+    assert len(lines) == 22
+    assert lines[-1]["level"] == "warning"
+    assert lines[-1]["message"].startswith("35 log records dropped")
+
+
+def test_a_client_error_is_logged_once_per_interval_with_the_count_held_back() -> None:
+    now = [100.0]
+    client_errors = logs.RepeatedClientErrors(interval_s=10.0, clock=lambda: now[0])
+    logger = logging.getLogger("test.client_errors")
+
+    def record(message: str) -> logging.LogRecord:
+        return logger.makeRecord(logger.name, logging.WARNING, "", 0, message, (), None)
+
+    passed = []
+    for second in range(25):  # one malformed request a second for 25 s, and other warnings between them
+        now[0] = 100.0 + second
+        line = record("Invalid HTTP request received.")
+        if client_errors.filter(line):
+            passed.append((second, getattr(line, "held_back", 0)))
+        assert client_errors.filter(record("queue full"))
+    assert passed == [(0, 0), (10, 9), (20, 9)]
