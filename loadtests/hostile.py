@@ -28,9 +28,12 @@ Phases, in order (`--hostile phases=...` picks some):
   worker), a normal answer within `recovery_s` after;
 - `malformed`: bad JSON, wrong types, truncated / garbage protobuf, unknown methods, broken HTTP, requests one
   past a limit (inputs, text characters, body bytes), one at a time: each answered with a 4xx / client-error
-  status (a few also 200), never a 5xx, a hang or a reset;
+  status (a few also 200), never a 5xx, a hang or a reset; then `junk_heads` connections, 50 at a time, each
+  sending a malformed request head: each answered 400;
 and at the end: the server process alive (no crash), 0 5xx other than the intended ones (503 under the flood or
-big requests, 504 for a deadline that passed), and a normal answer within `recovery_s`.
+big requests, 504 for a deadline that passed), and a normal answer within `recovery_s`. In every phase, when the
+runner started the server: its log grew by at most `max_log_kb` (a line per connection or request would be the
+client writing to the server's disk).
 The limits are the server's: max_inputs_per_request and max_text_chars as its OpenAPI schema states them (else
 `--hostile`'s), max_body_bytes and max_queue as `--hostile` says (the wire does not tell them; the defaults are
 `bertserve serve`'s), and the queue's size as the server's refusal states it.
@@ -56,7 +59,7 @@ import aiohttp
 import grpc.aio
 
 from loadtests import hostile_cases as cases
-from loadtests.hostile_checks import hostile_checks
+from loadtests.hostile_checks import JUNK, hostile_checks
 from loadtests.hostile_net import (
     Call,
     Clock,
@@ -86,6 +89,9 @@ if TYPE_CHECKING:
 
 PHASES = ("warmup", "distinct", "max-size", "flood", "pipeline", "slow", "malformed")
 MB = 1024 * 1024
+LOG_SETTLE_S = 0.3
+"""Wait before reading a phase's log size at its end: the server writes its log lines on a thread of its own,
+info lines every 0.1 s (service.logs)."""
 SMALL = "small /classify"
 SLOW_KINDS = ("headers", "body", "idle")
 
@@ -143,6 +149,12 @@ class HostileConfig:
     small_ok_share: float = 0.99
     max_flood_growth_mb: float = 300.0
     max_pipeline_growth_mb: float = 50.0
+    junk_heads: int = 2000
+    """Connections of the malformed phase that each send a malformed request head (one log line each, unless the
+    server bounds what clients make it log)."""
+    max_log_kb: float = 64.0
+    """Most the server's log may grow in one phase: a line per malicious connection or request is the client
+    writing to the server's disk."""
     recovery_s: float = 1.0
 
     def limits(self) -> cases.Limits:
@@ -191,7 +203,7 @@ def _parse_value(key: str, value: str, default: Any) -> Any:
 def _check_config(config: HostileConfig) -> None:
     positive = ("values", "concurrency", "small_rate", "flood", "slow_interval_s", "client_timeout_s",
                 "max_inputs", "max_text_chars", "max_body_bytes", "max_queue", "big_clients",
-                "distinct_limit_s", "pipelined", "pipeline_requests")  # fmt: skip
+                "distinct_limit_s", "pipelined", "pipeline_requests", "junk_heads")  # fmt: skip
     zero = [name for name in positive if getattr(config, name) <= 0]
     if zero:
         raise ValueError(f"--hostile {', '.join(zero)} must be positive")
@@ -216,6 +228,14 @@ class Server:
     pid: int | None = None
     """Its process when the runner started it (RSS from /proc, crash detection)."""
     alive: Callable[[], bool] | None = None
+    log_path: Path | None = None
+    """Its log file when the runner started it (the log's growth per phase)."""
+
+    def log_bytes(self) -> int | None:
+        try:
+            return self.log_path.stat().st_size if self.log_path is not None else None
+        except OSError:
+            return None
 
 
 @dataclass
@@ -225,6 +245,8 @@ class Phase:
     end_s: float = 0.0
     rss_start: int | None = None
     rss_end: int | None = None
+    log_start: int | None = None
+    log_end: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
 
@@ -273,10 +295,14 @@ class Run:
 async def _phase(run: Run, name: str) -> Phase:
     phase = Phase(name, run.clock.now())
     phase.rss_start = await run.rss_now()
+    phase.log_start = run.server.log_bytes()
     run.say(f"{name}: started")
     await PHASE_BODIES[name](run, phase)
     phase.end_s = run.clock.now()
     phase.rss_end = await run.rss_now()
+    if phase.log_start is not None:
+        await asyncio.sleep(LOG_SETTLE_S)
+        phase.log_end = run.server.log_bytes()
     run.phases.append(phase)
     counts = Counter(c.status for c in run.calls if c.phase == name)
     run.say(f"{name}: done in {phase.end_s - phase.start_s:.1f}s, statuses {dict(counts)}, RSS {_mb(phase.rss_start)}"
@@ -523,6 +549,24 @@ async def _malformed(run: Run, phase: Phase) -> None:
                          "allowed": sorted(case.allowed), "passed": status_class(call.status) in case.allowed,
                          "detail": call.detail[:160]})  # fmt: skip
     phase.details["cases"] = verdicts
+    await _junk_heads(run, phase, host, port)
+
+
+JUNK_HEAD = b"NOT AN HTTP REQUEST\r\n\r\n"
+
+
+async def _junk_heads(run: Run, phase: Phase, host: str, port: int, concurrency: int = 50) -> None:
+    """`junk_heads` connections, `concurrency` at a time, each sending a malformed head and reading the answer."""
+    left = iter(range(run.config.junk_heads))
+    timeout = min(run.config.client_timeout_s, 30)
+
+    async def worker() -> None:
+        for _ in left:
+            start = run.clock.now()
+            status, detail = await tcp_exchange(host, port, JUNK_HEAD, timeout)
+            run.calls.append(Call(phase.name, JUNK, status, start, (run.clock.now() - start) * 1000, detail))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
 PHASE_BODIES: dict[str, Callable[[Run, Phase], Awaitable[None]]] = {
@@ -665,9 +709,16 @@ def phase_report(run: Run) -> list[dict[str, Any]]:
         rows.append({
             "phase": phase.name, "start_s": round(phase.start_s, 2), "end_s": round(phase.end_s, 2),
             "rss_start_mb": _round_mb(phase.rss_start), "rss_end_mb": _round_mb(phase.rss_end),
-            "rss_peak_mb": _round_mb(peak), "statuses": _statuses(calls), **phase.details,
+            "rss_peak_mb": _round_mb(peak), "log_kb": _log_kb(phase), "statuses": _statuses(calls), **phase.details,
         })  # fmt: skip
     return rows
+
+
+def _log_kb(phase: Phase) -> float | None:
+    """What the server logged during the phase, in KB; None when its log is not known (an external server)."""
+    if phase.log_start is None or phase.log_end is None:
+        return None
+    return round((phase.log_end - phase.log_start) / 1024, 1)
 
 
 def _round_mb(value: int | None) -> float | None:
@@ -712,7 +763,9 @@ def run_hostile_target(
             info["ready_s"] = round(server.wait_ready(options.startup_timeout_s), 2)
             process = server.process
             assert process is not None
-            described = Server(target.http_url, target.grpc_target, process.pid, lambda: process.poll() is None)
+            described = Server(
+                target.http_url, target.grpc_target, process.pid, lambda: process.poll() is None, server.log_path
+            )
             cpu_start = server.cpu_seconds()
             run = asyncio.run(run_profile(config, described, payloads, options.seed, out))
             cpu_end = server.cpu_seconds()

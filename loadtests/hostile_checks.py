@@ -12,6 +12,8 @@ from typing import Any
 from loadtests.hostile_net import FIVE_XX_CLASSES, status_class
 
 SMALL = "small /classify"
+JUNK = "junk head"
+"""The malformed phase's connections that each send a malformed request head."""
 OK_ONLY = frozenset({"ok"})
 DEFAULT_ALLOWED = frozenset({"ok", "client-error", "rejected"})
 UNDER_LOAD = frozenset({"ok", "rejected", "unavailable"})
@@ -100,6 +102,15 @@ def _peak_growth_check(checks: Checks, phase: str, row: dict[str, Any], bound: f
         checks.add(f"{phase}: RSS growth not measured (no RSS source)", True, skipped=True)
     else:
         checks.add(f"{phase}: peak RSS growth {growth:+.1f} MB <= {bound:g} MB", growth <= bound)
+
+
+def _log_checks(checks: Checks, rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
+    """What the server logged in each phase, against `max_log_kb` (where its log was read)."""
+    bound = config.get("max_log_kb", 64.0)
+    for row in rows:
+        logged = row.get("log_kb")
+        if logged is not None:
+            checks.add(f"{row['phase']}: the server logged {logged:g} KB <= {bound:g} KB", logged <= bound)
 
 
 def _distinct(checks: Checks, row: dict[str, Any], config: dict[str, Any]) -> None:
@@ -200,7 +211,7 @@ def _slow(checks: Checks, row: dict[str, Any], small: dict[str, Any], config: di
     _recovery_check(checks, "slow", row, config)
 
 
-def _malformed(checks: Checks, row: dict[str, Any]) -> None:
+def _malformed(checks: Checks, row: dict[str, Any], config: dict[str, Any]) -> None:
     cases = row.get("cases", [])
     failed = [f"{case['case']} -> {case['status']}" for case in cases if not case["passed"]]
     shown = "; ".join(failed[:10]) + ("; ..." if len(failed) > 10 else "")
@@ -209,6 +220,15 @@ def _malformed(checks: Checks, row: dict[str, Any]) -> None:
         + (f"; not: {shown}" if failed else ""),
         not failed,
     )
+    junk = row["statuses"].get(JUNK, {})
+    expected = config.get("junk_heads", 0)
+    if expected:
+        answered = _count(junk, lambda status: status_class(status) == "client-error")
+        total = sum(answered.values())
+        checks.add(
+            f"malformed: {total} of {expected} connections with a malformed head answered 4xx ({junk})",
+            total == sum(junk.values()) == expected,
+        )
 
 
 def _after(checks: Checks, rows: list[dict[str, Any]], config: dict[str, Any]) -> None:
@@ -216,6 +236,7 @@ def _after(checks: Checks, rows: list[dict[str, Any]], config: dict[str, Any]) -
     alive = after.get("alive")
     if alive is None:
         checks.add("after: the server process is alive (not measured: an external server)", True, skipped=True)
+        checks.add("the server's log growth per phase (not measured: an external server)", True, skipped=True)
     else:
         checks.add("after: the server process is alive (no crash)", bool(alive))
     _recovery_check(checks, "the profile", after, config)
@@ -255,7 +276,8 @@ def hostile_checks(target: str, hostile: dict[str, Any], small: dict[str, Any]) 
         elif phase == "slow":
             _slow(checks, row, small, config)
         elif phase == "malformed":
-            _malformed(checks, row)
+            _malformed(checks, row, config)
+    _log_checks(checks, rows, config)
     if rows and rows[-1]["phase"] == "after":
         _after(checks, rows, config)
     return checks.items

@@ -152,12 +152,17 @@ def hostile_lines(hostile: dict[str, Any]) -> list[str]:
     ]
     if hostile.get("limits"):
         lines += [_limits_line(hostile["limits"]), ""]
-    lines += ["| phase | seconds | RSS MB start → end (peak) | requests: status × count |", "|---|---:|---|---|"]
+    lines += [
+        "| phase | seconds | RSS MB start → end (peak) | log KB | requests: status × count |",
+        "|---|---:|---|---:|---|",
+    ]
     for row in hostile["phases"]:
         statuses = "; ".join(f"{name}: {_statuses(counts)}" for name, counts in row["statuses"].items())
+        logged = row.get("log_kb")
         lines.append(
             f"| {row['phase']} | {row['end_s'] - row['start_s']:.1f} | {_mb(row['rss_start_mb'])} → "
-            f"{_mb(row['rss_end_mb'])} ({_mb(row['rss_peak_mb'])}) | {statuses or '–'} |"
+            f"{_mb(row['rss_end_mb'])} ({_mb(row['rss_peak_mb'])}) | {'–' if logged is None else f'{logged:g}'} | "
+            f"{statuses or '–'} |"
         )
     lines.append("")
     for row in hostile["phases"]:

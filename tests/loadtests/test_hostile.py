@@ -170,6 +170,17 @@ def test_pipeline_checks_name_a_connection_left_hanging_and_the_memory_it_grew()
     assert all(c["passed"] for c in checks), checks
 
 
+def test_a_phase_that_made_the_server_log_more_than_its_bound_fails() -> None:
+    config = HostileConfig().to_dict()
+    rows = [_row("malformed", {}, cases=[], log_kb=0.3), _row("pipeline", {}, pipelined=[], log_kb=96.5)]
+    checks = hostile_checks("t", {"config": config, "phases": rows}, {"endpoints": {}})
+    logged = {c["description"]: c["passed"] for c in checks if "logged" in c["description"]}
+    assert logged == {
+        "malformed: the server logged 0.3 KB <= 64 KB": True,
+        "pipeline: the server logged 96.5 KB <= 64 KB": False,
+    }
+
+
 def test_hostile_options_are_checked_before_any_load(tmp_path: Path) -> None:
     for overrides, message in (
         ({"users": 4}, "--users: not for the hostile profile"),
@@ -217,7 +228,10 @@ def test_a_sound_server_passes_every_bound(fake_server: str, tmp_path: Path) -> 
     assert target["hostile"]["rss_source"].startswith("process_resident_memory_bytes of")
     assert all(c["passed"] for c in summary["checks"]), summary["checks"]
     skipped = [c["description"] for c in summary["checks"] if c.get("skipped")]
-    assert skipped == ["after: the server process is alive (not measured: an external server)"]
+    assert skipped == [
+        "after: the server process is alive (not measured: an external server)",
+        "the server's log growth per phase (not measured: an external server)",
+    ]
     assert len(summary["checks"]) >= 20
     sweeps = target["hostile"]["phases"][1]["sweeps"]
     assert {name: sweep["sent"] for name, sweep in sweeps.items()} == dict.fromkeys(
@@ -315,5 +329,7 @@ def test_the_tiny_server_through_both_front_doors(tiny: tuple[Path, Path], tmp_p
     assert sum(rows["flood"]["statuses"]["flood /classify"].values()) == 40
     pipelined = rows["pipeline"]["pipelined"]  # the one at work and MAX_PIPELINED queued answered, then a FIN
     assert [(r["how"], r["answers"]) for r in pipelined] == [("closed", 17)] * 5
+    # the runner started the server: its log is read in every phase
+    assert all(row["log_kb"] is not None for name, row in rows.items() if name != "after")
     checks = {c["description"]: c["passed"] for c in summary["checks"]}
     assert checks["after: the server process is alive (no crash)"], summary["checks"]
