@@ -124,8 +124,10 @@ def _target_section(label: str, target: dict[str, Any]) -> list[str]:
     processes = (target.get("loadgen") or {}).get("processes", [])
     if len(processes) > 1:
         cpu[-1] += " (" + ", ".join(f"{p['role']} {p['cpu_s']:.1f}" for p in processes) + ")"
+    per_answer = target.get("server_cpu_ms_per_ok")
     if cpu:
-        lines += [f"CPU seconds used while the load ran: {', '.join(cpu)}.", ""]
+        each = f"; the server's CPU per accepted answer {per_answer:.2f} ms" if per_answer is not None else ""
+        lines += [f"CPU seconds used while the load ran: {', '.join(cpu)}{each}.", ""]
     lines += [endpoint_table(target["summary"]), ""]
     if target["summary"].get("stages"):
         lines += ["Per stage (the first 2 s of each stage, while users arrive, left out):", ""]

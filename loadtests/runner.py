@@ -505,6 +505,9 @@ def run_target(target: Target, plan: Plan, run_dir: Path, options: RunOptions, o
             server_end = server.cpu_seconds()
         if server_start is not None and server_end is not None:
             info["server_cpu_s"] = round(server_end - server_start, 2)
+            answered = sum(1 for sample in samples if sample.outcome == "ok")
+            # the CPU was counted over the whole run, warm-up included: so are the answers
+            info["server_cpu_ms_per_ok"] = round(info["server_cpu_s"] * 1000 / answered, 2) if answered else None
     else:
         samples, loadgen = run_locust(target, plan, run_dir, options.seed, out, options.workers)
     info["loadgen_cpu_s"] = loadgen["cpu_s"]

@@ -75,6 +75,10 @@ def test_smoke_with_peers_then_regression_against_a_baseline(tiny: tuple[Path, P
         assert figures["failures"] == 0, (label, figures)
         assert figures["latency_ms"]["p50"] <= figures["latency_ms"]["p99"] <= figures["latency_ms"]["max"]
         assert figures["server_inference_ms"]["count"] == figures["ok"]  # every answer carried its timings
+        # the server's CPU over the whole run (warm-up included) per answer of the whole run
+        with open(run_dir / f"{label}_samples.csv", newline="") as handle:
+            answered = sum(1 for row in csv.DictReader(handle) if row["outcome"] == "ok")
+        assert target["server_cpu_ms_per_ok"] == pytest.approx(target["server_cpu_s"] * 1000 / answered, abs=0.01)
     assert [row["target"] for row in summary["comparison"]] == ["naive", "ours-no-batching", "ours-batching"]
     assert summary["comparison"][0]["rps_vs_naive"] == 1.0
     assert summary["comparison"][2]["rps_vs_naive"] > 0
