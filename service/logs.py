@@ -82,9 +82,9 @@ class _Access(tuple[float, str, str, int, float, str]):
 
 
 class RepeatedClientErrors(logging.Filter):
-    """Lets one record of each message in `messages` through per `interval_s`; the next one let through carries
-    how many were held back since the last (`held_back`). Records of other messages pass. Its state is one entry
-    per message of the fixed set."""
+    """Lets one record of each message in `messages` through per `interval_s`; the next one let through says how
+    many were held back since the last (in its message, and as `held_back`). Records of other messages pass. Its
+    state is one entry per message of the fixed set."""
 
     def __init__(
         self,
@@ -112,6 +112,7 @@ class RepeatedClientErrors(logging.Filter):
         held = self._held.pop(message, 0)
         if held:
             record.held_back = held
+            record.msg = f"{message} ({held} more since the last such line, not logged)"
         return True
 
 

@@ -144,10 +144,14 @@ def test_a_client_error_is_logged_once_per_interval_with_the_count_held_back() -
         return logger.makeRecord(logger.name, logging.WARNING, "", 0, message, (), None)
 
     passed = []
+    last_passed = None
     for second in range(25):  # one malformed request a second for 25 s, and other warnings between them
         now[0] = 100.0 + second
         line = record("Invalid HTTP request received.")
         if client_errors.filter(line):
             passed.append((second, getattr(line, "held_back", 0)))
+            last_passed = line
         assert client_errors.filter(record("queue full"))
     assert passed == [(0, 0), (10, 9), (20, 9)]
+    assert last_passed is not None
+    assert last_passed.getMessage() == "Invalid HTTP request received. (9 more since the last such line, not logged)"
