@@ -530,6 +530,10 @@ async def _slow(run: Run, phase: Phase) -> None:
     phase.details["recovered_s"] = await _recovery(run, phase.name + " recovery")
 
 
+MALFORMED_TIMEOUT_S = 30.0
+"""Most a malformed request of that phase waits for its answer (less when `client_timeout_s` is less)."""
+
+
 async def _malformed(run: Run, phase: Phase) -> None:
     host, port = _host_port(run.server.http_url)
     limits = run.limits
@@ -539,17 +543,26 @@ async def _malformed(run: Run, phase: Phase) -> None:
     verdicts = []
     for case in checked:
         if isinstance(case.request, bytes):
-            start = run.clock.now()
-            status, detail = await tcp_exchange(host, port, case.request, min(run.config.client_timeout_s, 30))
-            call = Call(phase.name, case.name, status, start, (run.clock.now() - start) * 1000, detail)
-            run.calls.append(call)
+            call = await _raw_call(run, phase.name, case.name, host, port, case.request)
         else:
-            call = await run.send(case.request, phase.name, timeout_s=min(run.config.client_timeout_s, 30))
+            call = await run.send(
+                case.request, phase.name, timeout_s=min(run.config.client_timeout_s, MALFORMED_TIMEOUT_S)
+            )
         verdicts.append({"case": case.name, "status": call.status, "class": status_class(call.status),
                          "allowed": sorted(case.allowed), "passed": status_class(call.status) in case.allowed,
                          "detail": call.detail[:160]})  # fmt: skip
     phase.details["cases"] = verdicts
     await _junk_heads(run, phase, host, port)
+
+
+async def _raw_call(run: Run, phase: str, name: str, host: str, port: int, payload: bytes) -> Call:
+    """`payload` sent on a connection of its own and the answer read (`tcp_exchange`), recorded as a call."""
+    start = run.clock.now()
+    timeout = min(run.config.client_timeout_s, MALFORMED_TIMEOUT_S)
+    status, detail = await tcp_exchange(host, port, payload, timeout)
+    call = Call(phase, name, status, start, (run.clock.now() - start) * 1000, detail)
+    run.calls.append(call)
+    return call
 
 
 JUNK_HEAD = b"NOT AN HTTP REQUEST\r\n\r\n"
@@ -558,13 +571,10 @@ JUNK_HEAD = b"NOT AN HTTP REQUEST\r\n\r\n"
 async def _junk_heads(run: Run, phase: Phase, host: str, port: int, concurrency: int = 50) -> None:
     """`junk_heads` connections, `concurrency` at a time, each sending a malformed head and reading the answer."""
     left = iter(range(run.config.junk_heads))
-    timeout = min(run.config.client_timeout_s, 30)
 
     async def worker() -> None:
         for _ in left:
-            start = run.clock.now()
-            status, detail = await tcp_exchange(host, port, JUNK_HEAD, timeout)
-            run.calls.append(Call(phase.name, JUNK, status, start, (run.clock.now() - start) * 1000, detail))
+            await _raw_call(run, phase.name, JUNK, host, port, JUNK_HEAD)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
