@@ -58,7 +58,7 @@ docs: $(DOCS_STAMP)
 # docs/reference/ (settings, errors, CLI) from the code, and the measurement blocks from artifacts/bench/*.md and
 # loadtests/results/history.jsonl where they exist.
 docs-gen: install
-	$(PY) -m bertserve.docs_pages
+	$(PY) -m docgen.pages
 
 # ---- service ----------------------------------------------------------------------------------------------
 .PHONY: serve triton-venv bench-service

@@ -1,8 +1,9 @@
 """`bertserve`: the one command-line entry point.
 
-Each stage's package owns its subcommands in a `cli.py` exposing `register(app)`; this module only composes
-them. Command modules import their heavy dependencies (torch, onnx) inside the command bodies, so that
-`bertserve serve` never imports torch.
+Each pipeline stage has one module of subcommands in `bertserve.commands`, exposing `register(app)`; this module
+only composes them. The stages themselves are libraries: they know nothing of the command line. Command modules
+import their heavy dependencies (torch, onnx) inside the command bodies, so that `bertserve serve` never imports
+torch.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import importlib
 
 import typer
-
-from bertserve import info_command
 
 app = typer.Typer(
     name="bertserve",
@@ -29,17 +28,17 @@ def root() -> None:
 
 # Stage packages that contribute subcommands, in pipeline order.
 COMMAND_MODULES: tuple[str, ...] = (
-    "bert_model.pretraining.cli",
-    "bert_model.finetuning.cli",
-    "export.cli",
-    "bertserve.benchmarks.cli",
-    "service.cli",
-    "loadtests.cli",
+    "bertserve.commands.info",
+    "bertserve.commands.pretrain",
+    "bertserve.commands.finetune",
+    "bertserve.commands.export",
+    "bertserve.commands.bench",
+    "bertserve.commands.serve",
+    "bertserve.commands.loadtest",
 )
 
 
 def build_app() -> typer.Typer:
-    info_command.register(app)
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(app)
     return app

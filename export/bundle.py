@@ -1,9 +1,9 @@
 """`build_bundle`: a model folder (or built-in name) -> a self-describing serving bundle, written atomically.
 
-The bundle layout and manifest are the contract in `bert_model.tasks.spec` (BundleManifest, VariantSpec).
+The bundle layout and manifest are the contract in `bundles.spec` (BundleManifest, VariantSpec).
 Steps: validate every option before any work; load the model (eager attention); read the guard's examples
 (task_guard.py); export opset-17 ONNX; canonicalize and fuse; build each requested variant; run each, opened as
-the service opens it (`bert_model.tasks.runtimes`), against PyTorch fp32 on the guard's batches, decode both with
+the service opens it (`bundles.runtimes`), against PyTorch fp32 on the guard's batches, decode both with
 `bertserve evaluate`'s task logic and refuse the variants outside their guard (parity.py); write everything into a
 temporary folder next to the target and rename it into place at the end, so a failure never leaves a half-written
 bundle. The manifest carries the model's own
@@ -32,9 +32,9 @@ from torch import nn
 
 from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
-from bert_model.tasks.runtimes import OpenedVariant, open_variant
-from bert_model.tasks.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec, sequence_outputs
 from bert_model.tokenization import BertTokenizer
+from bundles.runtimes import OpenedVariant, open_variant
+from bundles.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec, sequence_outputs
 from export.canonicalize import canonicalize
 from export.encoder_guards import embedding_guard, fill_mask_guard
 from export.graph import export_onnx, fuse_bert, fused_op_counts

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from bert_model.config import BertConfig
-from bert_model.tasks.spec import INPUT_NAMES, OUTPUT_NAMES, dynamic_axes
+from bundles.spec import INPUT_NAMES, OUTPUT_NAMES, dynamic_axes
 from export.wrapper import ExportWrapper, GraphOptions, encoder_of
 
 OPSET = 17

@@ -77,7 +77,7 @@ def calibration_samples(
 
 def static_int8(source: Path, target: Path, feeds: Sequence[Feed], kept_float: Sequence[str] = KEPT_FLOAT) -> Path:
     """Quantize the unfused graph `source` with NNCF (transformer, MIXED) calibrated on `feeds` into `target`."""
-    from bert_model.tasks.runtimes import without_openvino_telemetry
+    from bundles.runtimes import without_openvino_telemetry
 
     without_openvino_telemetry()
     import nncf

@@ -18,9 +18,9 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
-from bert_model.tasks.runtimes import CPU_PROVIDER, CUDA_PROVIDER, OPENVINO_PROVIDER
-from bert_model.tasks.spec import INPUT_NAMES, BundleManifest
-from bert_model.tasks.variant_choice import choose_variant
+from bundles.runtimes import CPU_PROVIDER, CUDA_PROVIDER, OPENVINO_PROVIDER
+from bundles.spec import INPUT_NAMES, BundleManifest
+from bundles.variant_choice import choose_variant
 
 ONNXRUNTIME = "Triton's onnxruntime backend"
 
@@ -33,7 +33,7 @@ class TritonOptions:
     """Use the gpu-fp16 variant on GPU instances (TensorRT fp16 accelerator); else a CPU variant."""
     variant: str | None = None
     """Bundle variant to serve; default the GPU variant on GPU, else the CPU variant the service would serve without
-    OpenVINO (`bert_model.tasks.variant_choice`)."""
+    OpenVINO (`bundles.variant_choice`)."""
     model_name: str | None = None
     """Name in the repository; default the bundle's manifest name."""
     max_batch_size: int = 32

@@ -20,7 +20,7 @@ export-time dependency, in the `train` extra).
 
 The OpenVINO variants carry their compile settings in `VariantSpec.runtime_options`; the file is still a
 standard ONNX graph (ONNX Runtime runs it too, in float, if OpenVINO is missing). How a variant is opened to run is
-`bert_model.tasks.runtimes`' (the guard opens it as the service does).
+`bundles.runtimes`' (the guard opens it as the service does).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from bert_model.tasks.runtimes import OPENVINO_PROVIDER, openvino_available
-from bert_model.tasks.spec import VariantSpec
+from bundles.runtimes import OPENVINO_PROVIDER, openvino_available
+from bundles.spec import VariantSpec
 from export.quantize import quantize_dynamic_int8, weight_only_int8
 
 

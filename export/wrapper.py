@@ -1,7 +1,7 @@
 """Loading a task model for export and wrapping it so that its forward takes and returns plain tensors.
 
 `torch.onnx.export` traces `forward(input_ids, attention_mask, token_type_ids)`; the wrapper turns the output
-dataclasses of bert_model.heads into the tuple of tensors whose names `bert_model.tasks.spec.OUTPUT_NAMES`
+dataclasses of bert_model.heads into the tuple of tensors whose names `bundles.spec.OUTPUT_NAMES`
 gives for the task. The model is switched to eager attention, the op sequence ONNX Runtime's BERT optimizer
 fuses into one `Attention` node per layer (see ../shared/README.md, "Export and optimization").
 
@@ -36,7 +36,7 @@ from bert_model.heads import (
 from bert_model.modeling import BertModel
 from bert_model.registry import resolve_model_path
 from bert_model.tasks.embeddings import MASKED_MAX, NORMALIZE_EPS, POOLING_MODES
-from bert_model.tasks.spec import OUTPUT_NAMES
+from bundles.spec import OUTPUT_NAMES
 
 ARCHITECTURE_TASKS: dict[str, str] = {
     "BertForSequenceClassification": "classify",

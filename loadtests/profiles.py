@@ -55,7 +55,7 @@ class Profile:
     """How long a user waits after a 429 / RESOURCE_EXHAUSTED before its next call (clients that back off)."""
     checks: Checks = field(default_factory=Checks)
     driver: str = "locust"
-    """`locust` (users following the stages) or `hostile` (`loadtests.hostile`'s phases; its stages only
+    """`locust` (users following the stages) or `hostile` (`loadtests.hostile.profile`'s phases; its stages only
     describe it)."""
 
     @property

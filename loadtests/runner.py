@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
-from bert_model.hardware import read_cpu_info
-from bert_model.loopback import check_grpc_target, check_http_url
+from bundles.hardware import read_cpu_info
 from loadtests import endpoints as ep
 from loadtests.history import (
     append_history,
@@ -38,6 +37,7 @@ from loadtests.history import (
     history_record,
     read_history,
 )
+from loadtests.loopback import check_grpc_target, check_http_url
 from loadtests.payloads import DEFAULT_LIMIT, Payloads, load_payloads
 from loadtests.plot import plot_run
 from loadtests.profiles import Profile, get_profile
@@ -59,7 +59,7 @@ from loadtests.targets import (
 )
 
 if TYPE_CHECKING:
-    from loadtests.hostile import HostileConfig
+    from loadtests.hostile.profile import HostileConfig
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 DEFAULT_RESULTS = REPO / "loadtests" / "results"
@@ -110,7 +110,7 @@ class RunOptions:
     workers: int = 0
     """0: one locust process; N: locust's distributed mode, a master and N worker processes."""
     hostile: str | None = None
-    """`key=value,...` changes to the hostile profile's sizes and bounds (`loadtests.hostile.HostileConfig`)."""
+    """`key=value,...` changes to the hostile profile's sizes and bounds (`loadtests.hostile.profile.HostileConfig`)."""
 
 
 @dataclass
@@ -229,7 +229,7 @@ def _hostile_plan(options: RunOptions, profile: Profile) -> tuple[HostileConfig 
         if options.hostile is not None:
             raise ValueError(f"--hostile sizes the hostile profile only, not {profile.name!r}")
         return None, options.mix
-    from loadtests.hostile import parse_hostile
+    from loadtests.hostile.profile import parse_hostile
 
     given = {"--users": options.users, "--duration": options.duration_s, "--spawn-rate": options.spawn_rate}
     wrong = [name for name, value in given.items() if value is not None]
@@ -678,7 +678,7 @@ def execute(plan: Plan, options: RunOptions, out: TextIO = sys.stderr) -> RunRes
 def _run_one(target: Target, plan: Plan, run_dir: Path, options: RunOptions, out: TextIO) -> dict[str, Any]:
     if plan.hostile is None:
         return run_target(target, plan, run_dir, options, out)
-    from loadtests.hostile import run_hostile_target
+    from loadtests.hostile.profile import run_hostile_target
 
     return run_hostile_target(target, plan.hostile, plan.payloads, run_dir, options, out)
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from bert_model.tasks.runtimes import RuntimeSettings
+from bundles.runtimes import RuntimeSettings
 
 DEFAULT_MODELS = ("minilm-sst2", "minilm-squad", "minilm-conll03", "minilm?")
 """The default task models, and the MiniLM sentence encoder (embed) when its bundle has been built."""

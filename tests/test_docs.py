@@ -1,5 +1,5 @@
 """The docs: generated pages match the code, every page is in the site's nav, the README stays a front door, and
-the measurement blocks are refilled from artifacts only where those exist (bertserve/docs_pages.py)."""
+the measurement blocks are refilled from artifacts only where those exist (docgen/pages.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bertserve import docs_pages
+from docgen import pages as docs_pages
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"

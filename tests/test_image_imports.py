@@ -1,6 +1,6 @@
 """The images' build-time import check, run on the development venv: every module that `bertserve serve`,
-`python -m service.healthcheck` and `bertserve loadtest` can import loads with torch, onnx and the packages the
-image does not install made unimportable."""
+`python -m service.operations.healthcheck` and `bertserve loadtest` can import loads with torch, onnx and the
+packages the image does not install made unimportable."""
 
 from __future__ import annotations
 

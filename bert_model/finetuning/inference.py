@@ -1,7 +1,7 @@
 """Run a PyTorch task model over `bert_model.tasks` features and return per-feature numpy output rows.
 
 The rows go to the same post-processing functions the service applies to ONNX Runtime outputs. Output names
-follow the serving contract (`bert_model.tasks.spec.OUTPUT_NAMES`).
+follow the serving contract (`bundles.spec.OUTPUT_NAMES`).
 """
 
 from __future__ import annotations

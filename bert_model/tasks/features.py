@@ -6,7 +6,7 @@ model batch:
     requests --build_*_features--> [Feature, ...]   (a long input may give several features / windows)
     features + output rows --*_postprocess--> {request_index: result}
 
-`collate` pads any list of features into the int64 arrays named in `bert_model.tasks.spec.INPUT_NAMES`.
+`collate` pads any list of features into the int64 arrays named in `bundles.spec.INPUT_NAMES`.
 Post-processing accepts each feature's output row with or without padding (rows may come from batches padded
 to different lengths). Torch-free.
 """

@@ -1,7 +1,7 @@
 """How a model's QA and NER windows are fitted to a graph that accepts at most `capacity` tokens.
 
 One rule, used by export's accuracy guard (`export/task_guard.py`, which also writes the fitted settings into
-the bundle manifest) and by the service (`service/pipelines.py`, which reads them back), so that both window a
+the bundle manifest) and by the service (`service/engine/pipelines.py`, which reads them back), so that both window a
 text the same way. A stored window that fits is kept as it is: it is the one the model was fine-tuned and
 evaluated with. A longer one, or none at all, becomes a window of `capacity` tokens whose question and stride
 are shrunk so that every window keeps room for context and consecutive windows share only part of it.

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from bert_model.tasks.runtimes import CUDA_PROVIDER as CUDA
 from bertserve.benchmarks.report import command_line, provenance, render, write_report
+from bundles.runtimes import CUDA_PROVIDER as CUDA
 
 TENSORRT = "TensorrtExecutionProvider"
 SHAPES = tuple((batch, seq_len) for seq_len in (128, 384) for batch in (1, 16, 64))
@@ -93,7 +93,7 @@ def base_model_folder(folder: Path) -> Path:
 def session(path: Path, provider: str, cache_dir: Path) -> Any:
     """An ONNX Runtime session over the gpu-fp16 graph, opened with the service's settings, on CUDA or on TensorRT
     (fp16 kernels, an engine cache in `cache_dir`) in front of CUDA."""
-    from bert_model.tasks.runtimes import RuntimeSettings, ort_session
+    from bundles.runtimes import RuntimeSettings, ort_session
 
     if provider == TENSORRT:
         trt = {"trt_fp16_enable": True, "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir)}
@@ -133,8 +133,8 @@ def time_shape(sess: Any, batch: int, seq_len: int, vocab: int, warmup: int, run
 def bench_providers(bundles: dict[str, Path], warmup: int, runs: int, cache_dir: Path) -> list[dict[str, Any]]:
     import onnxruntime as ort
 
-    from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
     from bert_model.tokenization import BertTokenizer
+    from bundles.spec import TOKENIZER_DIR, BundleManifest
 
     rows: list[dict[str, Any]] = []
     for name, folder in bundles.items():

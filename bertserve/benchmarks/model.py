@@ -15,7 +15,7 @@ real text (WikiText-2 paragraphs, else built-in sentences) cut to exactly the se
 FLOPs per forward (multiply-add = 2 FLOPs), B = batch, S = length, H = hidden, I = intermediate, L = layers:
     L · (2·B·S·(4·H² + 2·H·I)  +  4·B·S²·H)   (Q, K, V, output and feed-forward projections; QK^T and PV)
 Peak of this CPU: cores × clock × operations per cycle per core (`cpu_peak`), from /proc/cpuinfo via
-`bert_model.hardware` (the clock is the one /proc/cpuinfo reports; turbo is not counted). Per core and cycle:
+`bundles.hardware` (the clock is the one /proc/cpuinfo reports; turbo is not counted). Per core and cycle:
 - fp32: two FMA pipes × lanes × 2. AVX-512 on Intel server cores and AMD Zen 5: two 512-bit pipes, 64 FLOP
   (Intel 64 and IA-32 Architectures Optimization Reference Manual; AMD Software Optimization Guide for the
   Zen 5 Microarchitecture, "Floating-Point Unit"). AMD Zen 4 executes AVX-512 on 256-bit datapaths, each
@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 
 from bert_model.config import BertConfig
-from bert_model.hardware import FEATURE_FLAGS, read_cpu_info, usable_cores
 from bertserve.benchmarks import matmul_probe
 from bertserve.benchmarks.report import Provenance, provenance, write_report
+from bundles.hardware import FEATURE_FLAGS, read_cpu_info, usable_cores
 
 SHAPES: tuple[tuple[int, int], ...] = ((1, 128), (16, 128), (1, 384))
 IDLE_PAUSE_S = 0.02
@@ -67,7 +67,7 @@ class CpuPeak:
     flags: list[str] = field(default_factory=list)
     model_name: str = ""
     cpu: dict[str, Any] = field(default_factory=dict)
-    """`bert_model.hardware.CpuInfo.describe()`: vendor, family/model, code name, features, matrix family."""
+    """`bundles.hardware.CpuInfo.describe()`: vendor, family/model, code name, features, matrix family."""
     basis: str = ""
     """Which units the per-cycle figures assume (see the module docstring for the sources)."""
 
@@ -292,7 +292,7 @@ def torch_runners(folder: Path, task: str, threads: int) -> list[Runner]:
     """Our PyTorch model in fp32 (the baseline, first), transformers' model in fp32, ours under bf16 autocast."""
     import torch
 
-    from bert_model.tasks.spec import OUTPUT_NAMES
+    from bundles.spec import OUTPUT_NAMES
     from export.wrapper import TASK_CLASSES
 
     torch.set_num_threads(threads)
@@ -336,8 +336,8 @@ def transformers_model(ours: object, task: str) -> object:
 def variant_runners(bundle_dir: Path, names: list[str] | None, threads: int) -> list[Runner]:
     """Every variant of the bundle (or those in `names`) this process runs, on `threads` threads and one stream: one
     call at a time, all cores on it."""
-    from bert_model.tasks.runtimes import OPENVINO_PROVIDER, RuntimeSettings, can_run, open_variant
-    from bert_model.tasks.spec import BundleManifest
+    from bundles.runtimes import OPENVINO_PROVIDER, RuntimeSettings, can_run, open_variant
+    from bundles.spec import BundleManifest
 
     manifest = BundleManifest.read(bundle_dir)
     settings = RuntimeSettings(intra_op_threads=threads, openvino_streams=1)
@@ -393,7 +393,7 @@ def run_benchmark(
 ) -> list[Row]:
     """Benchmark a bundle against its source PyTorch model; writes bench-model.json and .md into `out_dir`
     (`command`: the command line the report names)."""
-    from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
+    from bundles.spec import TOKENIZER_DIR, BundleManifest
 
     manifest = BundleManifest.read(bundle_dir)
     folder = Path(manifest.source.get("model", ""))

@@ -1,9 +1,9 @@
 """The one writer of benchmark results: a JSON file and a Markdown page per run, both saying when, where and how.
 
 Every benchmark of this package hands its figures (a JSON-ready dict) and its tables (Markdown) to `write_report`,
-which puts the same provenance in front of both: the UTC time of the run, the machine (`bert_model.hardware`: CPU
+which puts the same provenance in front of both: the UTC time of the run, the machine (`bundles.hardware`: CPU
 model, code name, cores, clock, int8 / bf16 features; a GPU where one was measured) and the command line that
-measured it. The docs' measurement blocks are these Markdown pages (`bertserve.docs_pages`), so each figure on the
+measured it. The docs' measurement blocks are these Markdown pages (`docgen.pages`), so each figure on the
 site carries its date, machine and command. Torch-free.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bert_model.hardware import CpuInfo, read_cpu_info
+from bundles.hardware import CpuInfo, read_cpu_info
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,9 @@
 A snapshot reads each thread's user + system time (clock ticks) and its kernel name (`comm`); the difference of two
 snapshots, divided by the answers given in between, is the CPU per answer of each part:
 - `event_loop`: the main thread (tid = pid), which runs asyncio, uvicorn, FastAPI and the gRPC servicers;
-- `tokenization`: threads named `service.worker_threads.TOKENIZE` (tokenization and post-processing off the event
+- `tokenization`: threads named `service.operations.threads.TOKENIZE` (tokenization and post-processing off the event
   loop: the bounded pool of large requests, the small-request thread);
-- `runtime`: threads named `service.worker_threads.INFER` (backend calls) and the runtime pools they start, which
+- `runtime`: threads named `service.operations.threads.INFER` (backend calls) and the runtime pools they start, which
   inherit that name (ONNX Runtime's intra-op threads, OpenVINO's streams);
 - `other`: every other thread (gRPC's core threads, the tracer, anything a library starts).
 Threads that ended between the snapshots are not counted (the server's pools live as long as it does). Linux only.
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.worker_threads import INFER, TOKENIZE
+from service.operations.threads import INFER, TOKENIZE
 
 PARTS = ("event_loop", "tokenization", "runtime", "other")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01

@@ -33,13 +33,13 @@ import numpy as np
 
 from bert_model.tasks.features import Feature, collate, padded_width
 from bert_model.tasks.readers import read_conll, read_squad, read_text_dataset
-from bert_model.tasks.runtimes import CPU_RUNTIMES, can_run
 from bertserve.benchmarks.report import command_line, provenance, render, write_report
-from service.bundles import ServingBundle, open_bundle
+from bundles.runtimes import CPU_RUNTIMES, can_run
+from bundles.serving import ServingBundle, open_bundle
+from service.backends.ort_backend import OrtBackend
+from service.engine.inputs import ClassifyInput, NERInput, QAInput
+from service.engine.pipelines import make_pipeline
 from service.errors import ServiceError
-from service.ort_backend import OrtBackend
-from service.pipelines import make_pipeline
-from service.task_inputs import ClassifyInput, NERInput, QAInput
 
 MULTIPLES = (1, 8, 16, 32)
 SHUFFLE_SEED = 0

@@ -17,7 +17,7 @@ service runs, with the windows and defaults the service takes from the manifest;
 service only over the wire, so nothing of `service` is imported, and tests/loadtests/peers/test_triton_peer.py checks
 that the answers equal a running service's), sorts the features of the whole batch by length and runs them in
 calls of at most `--max-batch-size` rows padded to the longest, on the variant the service would choose on this
-CPU (`bert_model.tasks.variant_choice`), compiled with the service's settings. `--instances N` binds N functions
+CPU (`bundles.variant_choice`), compiled with the service's settings. `--instances N` binds N functions
 per model (Triton's instance_group count: N batches at once) over one OpenVINO graph compiled with N streams, as
 the service computes N batches at once on N streams by default.
 Prints READY once every model is bound and Triton serves.
@@ -45,11 +45,11 @@ from bert_model.tasks.embeddings import embedding_postprocess
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import build_ner_features, ner_postprocess
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
-from bert_model.tasks.runtimes import RuntimeSettings, open_variant
-from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
-from bert_model.tasks.variant_choice import choose_variant
 from bert_model.tasks.windows import fit_ner_window, fit_qa_window
 from bert_model.tokenization import BertTokenizer
+from bundles.runtimes import RuntimeSettings, open_variant
+from bundles.spec import TOKENIZER_DIR, BundleManifest
+from bundles.variant_choice import choose_variant
 
 TASKS = ("classify", "qa", "ner", "embed")
 NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
@@ -58,7 +58,7 @@ SEQUENCE_OUTPUTS = {"qa": ("start_logits", "end_logits"), "ner": ("logits",)}
 
 
 class Runner:
-    """The CPU variant the service would serve, opened as the service opens it (`bert_model.tasks.runtimes`);
+    """The CPU variant the service would serve, opened as the service opens it (`bundles.runtimes`);
     numpy in, numpy out. OpenVINO: `streams` > 1 compiles for that many batches at once (THROUGHPUT, as the service's
     --openvino-streams), and each calling thread (a Triton model instance) gets its own infer request."""
 

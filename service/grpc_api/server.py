@@ -22,7 +22,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from service.admission import Door, Ticket
+from service.engine.admission import Door, Ticket
+from service.engine.engine import InferenceService
 from service.errors import InvalidInput, ServiceError, Unauthenticated
 from service.grpc_api.servicers import (
     ClassifierServicer,
@@ -34,7 +35,6 @@ from service.grpc_api.servicers import (
     abort,
 )
 from service.grpc_api.stubs import bert_pb2 as pb
-from service.inference import InferenceService
 from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class GrpcFrontDoor:
         admission = AdmissionInterceptor(
             service.door,
             settings.body_timeout_s,
-            on_timeout=lambda: service.metrics.slow_clients.labels("grpc", "body").inc(),
+            on_timeout=lambda: service.operations.metrics.slow_clients.labels("grpc", "body").inc(),
         )
         interceptors: list[grpc.aio.ServerInterceptor] = [admission]  # first: counted from arrival
         if settings.api_key:

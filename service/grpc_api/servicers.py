@@ -16,12 +16,12 @@ from typing import Any, NoReturn
 
 import grpc
 
+from service.engine.engine import InferenceService, Outcome
+from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
 from service.error_messages import clip_message
 from service.errors import Internal, InvalidInput, ServiceError, grpc_status
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
-from service.inference import InferenceService, Outcome
-from service.task_inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
 
 log = logging.getLogger(__name__)
 

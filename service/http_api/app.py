@@ -7,8 +7,8 @@ then: a balancer that sends a call to a replica before its first health check (H
 DNS discovery has just found) sees a refused connection, which it retries on another replica, where an UNAVAILABLE
 answer would reach the client. Shutdown stops gRPC with a grace period, then the batchers.
 Once the server has failed for good (loading failed, or a model's batch loop or backend died: see
-`service.batcher.Batcher`), `/health/live` and `/health/ready` answer 503 `failed` with the reason and gRPC health
-says NOT_SERVING; `bertserve serve` (service/runner.py) then drains and exits non-zero.
+`service.engine.batcher.Batcher`), `/health/live` and `/health/ready` answer 503 `failed` with the reason and gRPC
+health says NOT_SERVING; `bertserve serve` (service/serve.py) then drains and exits non-zero.
 Domain errors map to HTTP through `service.errors.http_status` only; validation problems become 422 (400 for
 a body that is not JSON) with a message that names the field and what to send instead.
 """
@@ -30,6 +30,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp
 
+from service.engine.engine import RESPONSE_HEADERS, InferenceService
+from service.engine.inputs import ClassifyInput, NERInput, QAInput
 from service.errors import InvalidInput, InvalidJson, ServiceError, Unauthenticated
 from service.http_api.direct_routes import DirectRoutes, direct_routes
 from service.http_api.encoder_routes import add_encoder_routes
@@ -56,11 +58,9 @@ from service.http_api.schemas import (
     QARequest,
     TextPair,
 )
-from service.inference import RESPONSE_HEADERS, InferenceService
-from service.metrics import CONTENT_TYPE, ServiceMetrics
-from service.ports import ensure_port_free
+from service.operations.metrics import CONTENT_TYPE, ServiceMetrics
+from service.operations.ports import ensure_port_free
 from service.settings import ServiceSettings
-from service.task_inputs import ClassifyInput, NERInput, QAInput
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         version="1.0.0",
         summary="BERT classification, question answering, NER, embeddings and fill-mask with server-side tokenization.",
         lifespan=_lifespan,
-        # The service records its own spans (service/tracing.py, on its own provider) and Prometheus metrics.
+        # The service records its own spans (service/operations/tracing.py, on its own provider) and Prometheus metrics.
         # FastAPI's native OpenTelemetry would look up the global providers (environment reads) on every request
         # to find them unconfigured: 6% of the event loop's GIL samples in a py-spy profile under /classify load.
         telemetry={"tracing": False, "metrics": False, "logs": False},

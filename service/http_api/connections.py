@@ -141,8 +141,8 @@ class _CoalescingTransport:
 class _StopParsing(Exception):
     """Raised in a parser callback to stop parsing what a connection sent (a head over the limit, a request
     beyond the pipeline's depth): httptools raises it on as an `HttpParserCallbackError`, which uvicorn logs as an
-    invalid request (a warning, as for a malformed head; `service.logs` writes one such line per 10 s) and answers
-    with `send_400_response`, here the connection's cut (for the pipeline's depth, its drain)."""
+    invalid request (a warning, as for a malformed head; `service.operations.logs` writes one such line per 10 s) and
+    answers with `send_400_response`, here the connection's cut (for the pipeline's depth, its drain)."""
 
 
 class _Guarded(HttpToolsProtocol):

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, Request
 
+from service.engine.engine import InferenceService, Outcome
+from service.engine.inputs import EmbedInput, FillMaskInput
 from service.http_api.encoder_schemas import (
     EmbedRequest,
     FillMaskRequest,
@@ -23,8 +25,6 @@ from service.http_api.encoder_schemas import (
     OpenAIEmbeddingsResponse,
 )
 from service.http_api.rendering import task_response
-from service.inference import InferenceService, Outcome
-from service.task_inputs import EmbedInput, FillMaskInput
 
 
 def add_encoder_routes(

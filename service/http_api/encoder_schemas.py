@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from service.engine.inputs import FillMaskInput
 from service.http_api.schemas import AT_LEAST_ONE, TRUNCATE_FIELD, Text, _Body, _model_field
-from service.task_inputs import FillMaskInput
 
 EMBED_MODEL_EXAMPLE = "minilm"
 DIMENSIONS_FIELD = Field(

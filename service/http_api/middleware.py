@@ -1,7 +1,7 @@
 """Pure ASGI middleware: the door (requests receiving, then at work) with the request body's size and time
 limits, request metrics + access log + the drain's `Connection: close`; the HTTP error response.
 
-`AdmissionMiddleware` counts a request in the service's door (`service.admission.Door`, shared with gRPC) in two
+`AdmissionMiddleware` counts a request in the service's door (`service.engine.admission.Door`, shared with gRPC) in two
 steps. On its arrival (its headers), among the requests receiving their body: beyond that bound 429 at once. It
 then reads the whole body before the app sees it, within `max_bytes` (413) and `timeout_s` from the end of the
 headers (408 and the connection closed), and once the body is complete, before it is parsed, among the requests
@@ -24,12 +24,12 @@ import time
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.admission import Door, Ticket
+from service.engine.admission import Door, Ticket
+from service.engine.engine import ServiceState
 from service.error_messages import clip_message
 from service.errors import Internal, PayloadTooLarge, ServiceError, http_status
-from service.inference import ServiceState
-from service.logs import log_request
-from service.metrics import ServiceMetrics
+from service.operations.logs import log_request
+from service.operations.metrics import ServiceMetrics
 
 log = logging.getLogger("service.http")
 
@@ -207,7 +207,7 @@ class MetricsMiddleware:
     """Count requests by route template and status, observe latency, log one JSON line per request, and add the
     request id and server time to every response; while `state.draining`, `Connection: close` as well.
 
-    The drain's `Connection: close` (after SIGTERM, see service/runner.py): a keep-alive client that gets it closes
+    The drain's `Connection: close` (after SIGTERM, see service/serve.py): a keep-alive client that gets it closes
     that connection itself and opens a new one for its next request, so no idle connection is left for the server
     to close under a request already on its way (which the client would see as a reset with no response).
     Reference: RFC 9112 section 9.6 (tear-down). One wrapper of `send` for both: each costs the event loop a call

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from service.inference import Outcome
+from service.engine.engine import Outcome
 
 JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

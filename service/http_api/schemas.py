@@ -2,7 +2,7 @@
 
 Shapes follow Hugging Face pipelines: one input in -> its result out; a list in -> a list of results out.
 Unknown fields are rejected (a typo in an option name must not be silently ignored). Option defaults are the
-task inputs' (`service.pipelines`), so REST and gRPC share them. Rules the service checks itself, with a
+task inputs' (`service.engine.pipelines`), so REST and gRPC share them. Rules the service checks itself, with a
 message naming the input (non-blank text, at least one input, QA's two forms), are stated in the schema only.
 """
 
@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from bert_model.tasks.classification import ScoreFunction
-from service.task_inputs import ClassifyInput, NERInput, QAInput
+from service.engine.inputs import ClassifyInput, NERInput, QAInput
 
 AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
 

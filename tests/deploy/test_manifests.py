@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from service.http_api.app import create_app
-from service.runner import QUIET_MAX_S
+from service.serve import QUIET_MAX_S
 from service.settings import ServiceSettings
 from tests.deploy.keda_schema import SCALED_OBJECT
 from tests.service.server import REPO
@@ -61,7 +61,7 @@ def test_every_overlay_is_rendered() -> None:
 def test_the_grace_period_covers_prestop_drain_and_both_shutdown_waits(
     rendered: Objects, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """preStop, then SIGTERM: drain, listener close, in-flight HTTP, then in-flight gRPC (service/runner.py)."""
+    """preStop, then SIGTERM: drain, listener close, in-flight HTTP, then in-flight gRPC (service/serve.py)."""
     settings = settings_of(rendered, monkeypatch)
     pod = api_pod(rendered)
     pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]

@@ -192,7 +192,7 @@ def served(container: str) -> dict[str, float]:
 
 
 STOP_MESSAGES = {"stop signal received": "signal", "drain over": "drain_over", "stopped": "stopped"}
-"""Prefixes of the server's log messages of its stop sequence (service/runner.py, the app's lifespan)."""
+"""Prefixes of the server's log messages of its stop sequence (service/serve.py, the app's lifespan)."""
 
 
 def stop_sequence(container: str) -> dict[str, float]:

@@ -8,10 +8,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from bert_model.tasks.runtimes import CPU_RUNTIMES
-from bert_model.tasks.spec import OUTPUT_NAMES, BundleManifest
-from bert_model.tasks.variant_choice import CPU_ORDERS, GPU_ORDER
 from bert_model.tokenization import BertTokenizer
+from bundles.runtimes import CPU_RUNTIMES
+from bundles.spec import OUTPUT_NAMES, BundleManifest
+from bundles.variant_choice import CPU_ORDERS, GPU_ORDER
 from export import variants as variant_table
 from export.bundle import build_bundle
 from export.parity import AccuracyGuardError

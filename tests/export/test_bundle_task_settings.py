@@ -15,7 +15,7 @@ import torch
 from bert_model.config import BertConfig
 from bert_model.heads import BertForQuestionAnswering
 from bert_model.registry import resolve_model_path
-from bert_model.tasks.spec import BundleManifest
+from bundles.spec import BundleManifest
 from export.bundle import build_bundle
 from export.task_guard import served_task_settings
 from tests.export.conftest import tiny_config, write_vocab

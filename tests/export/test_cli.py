@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from export.cli import register
+from bertserve.commands.export import register
 
 
 @pytest.fixture()
@@ -76,11 +76,13 @@ def test_export_command_takes_an_eval_set_and_a_guard_limit(
     assert missing.exit_code != 0 and "none.json does not exist" in missing.output
 
 
-def test_python_m_export_takes_the_export_subcommand_as_the_image_build_calls_it(
+def test_the_standalone_export_command_takes_the_export_subcommand_as_the_image_build_calls_it(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    """The serving image's bundle stage runs `python -m export export NAME --out ...`."""
-    from export.__main__ import app
+    """The serving image's bundle stage runs `python -m bertserve.commands.export export NAME --out ...`."""
+    from bertserve.commands.export import standalone_app
+
+    app = standalone_app()
 
     out = tmp_path / "b"
     result = CliRunner().invoke(

@@ -23,10 +23,10 @@ from bert_model.registry import minilm_path
 from bert_model.tasks.classification import build_classification_features
 from bert_model.tasks.features import collate
 from bert_model.tasks.fill_mask import build_fill_mask_features, fill_mask_postprocess, target_ids
-from bert_model.tasks.runtimes import open_variant, openvino_available
-from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
-from bert_model.tasks.variant_choice import choose_variant
 from bert_model.tokenization import BertTokenizer
+from bundles.runtimes import open_variant, openvino_available
+from bundles.spec import TOKENIZER_DIR, BundleManifest
+from bundles.variant_choice import choose_variant
 from export.bundle import build_bundle
 
 pytestmark = pytest.mark.slow

@@ -16,8 +16,8 @@ import transformers
 from bert_model.heads import BertForMaskedLM, BertForPreTraining
 from bert_model.modeling import BertModel
 from bert_model.tasks.embeddings import l2_normalize, pool
-from bert_model.tasks.spec import BundleManifest
 from bert_model.tokenization import BertTokenizer
+from bundles.spec import BundleManifest
 from export.bundle import build_bundle
 from export.sentence_layout import embedding_settings
 from export.wrapper import ExportWrapper, GraphOptions, task_of_folder

@@ -11,7 +11,7 @@ import torch
 
 from bert_model.config import BertConfig
 from bert_model.heads import BertForSequenceClassification
-from bert_model.tasks.spec import INPUT_NAMES
+from bundles.spec import INPUT_NAMES
 from export.bundle import build_graphs
 from export.canonicalize import canonicalize
 from export.graph import export_onnx, fused_op_counts

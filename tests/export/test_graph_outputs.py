@@ -13,7 +13,7 @@ import torch
 
 from bert_model.heads import BertForMaskedLM
 from bert_model.modeling import BertModel
-from bert_model.tasks.spec import OUTPUT_NAMES, BundleManifest, VariantSpec, sequence_outputs
+from bundles.spec import OUTPUT_NAMES, BundleManifest, VariantSpec, sequence_outputs
 from export.graph import export_onnx
 from export.triton import TritonOptions, model_config
 from export.wrapper import GraphOptions, mask_positions

@@ -67,7 +67,7 @@ def described(options: Any) -> dict[str, Any]:
 
 def served(bundle: Path, variant: str) -> None:
     """Load `bundle` in the service with its default settings, `variant` forced; close."""
-    from service.inference import InferenceService
+    from service.engine.engine import InferenceService
     from service.settings import ServiceSettings
 
     async def run() -> None:

@@ -142,7 +142,7 @@ def test_fill_mask_guard_is_top1_agreement_and_top5_overlap() -> None:
 def test_every_written_variant_is_within_its_guard_on_real_text(minilm_bundle: tuple[Path, dict]) -> None:
     """minilm-sst2 (or MiniLM + a fitted stand-in head until it exists) on the 436 SST-2 dev-half-a sentences: every
     variant written meets its guard, every refused one is absent; fp32 and fp16 always pass."""
-    from bert_model.tasks.spec import BundleManifest
+    from bundles.spec import BundleManifest
 
     bundle, refused = minilm_bundle
     manifest = BundleManifest.read(bundle)

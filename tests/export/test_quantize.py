@@ -9,8 +9,8 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bert_model.hardware import read_cpu_info
 from bert_model.heads import BertForSequenceClassification
+from bundles.hardware import read_cpu_info
 from export.bundle import build_graphs
 from export.quantize import quantize_dynamic_int8, weight_only_int8
 from tests.export.conftest import tiny_config

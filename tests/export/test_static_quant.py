@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import pytest
 
-from bert_model.tasks.runtimes import OPENVINO_PROVIDER, open_variant
-from bert_model.tasks.spec import OUTPUT_NAMES, BundleManifest
+from bundles.runtimes import OPENVINO_PROVIDER, open_variant
+from bundles.spec import OUTPUT_NAMES, BundleManifest
 from export.bundle import build_bundle
 from export.parity import AccuracyGuardError
 from export.static_quant import MIN_CALIBRATION_SIZE, TooFewCalibrationExamples, calibration_samples

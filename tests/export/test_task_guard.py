@@ -16,8 +16,8 @@ from onnx import numpy_helper
 
 from bert_model.config import BertConfig
 from bert_model.registry import resolve_model_path
-from bert_model.tasks.spec import BundleManifest
 from bert_model.tokenization import BertTokenizer
+from bundles.spec import BundleManifest
 from export import parity
 from export import variants as variant_table
 from export.bundle import build_bundle, torch_outputs

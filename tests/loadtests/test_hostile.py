@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from loadtests import hostile_cases as cases
-from loadtests.hostile import HostileConfig, parse_hostile
-from loadtests.hostile_checks import hostile_checks
-from loadtests.hostile_net import parse_rss_metric, status_class
+from loadtests.hostile import cases
+from loadtests.hostile.checks import hostile_checks
+from loadtests.hostile.net import parse_rss_metric, status_class
+from loadtests.hostile.profile import HostileConfig, parse_hostile
 from loadtests.runner import RunOptions, execute, plan_run
 from loadtests.targets import free_port
 from tests.loadtests.test_smoke import REPO, _run_dir
@@ -78,7 +78,7 @@ def test_the_largest_legal_qa_request_comes_from_the_servers_count_of_windows() 
     assert (over_grpc.max_queue, over_grpc.legal_inputs) == (512, 5)  # the server's queue, not the config's
     guessed = cases.size_windowed("ner", 19, "422", "too many", cases.Limits(max_queue=100), 100_000, 30)
     assert (guessed.source, guessed.needed, guessed.legal_inputs, guessed.legal_windows) == ("estimate", None, 3, 90)
-    # the server's refusal of a QA / NER plan names windows (service.pipelines)
+    # the server's refusal of a QA / NER plan names windows (service.engine.pipelines)
     windows = (
         "the request needs 3610 windows of 256 tokens (doc_stride 128), more than this model's queue holds (512, the "
         "server's max_queue setting); split it"

@@ -3,7 +3,7 @@
 - a Hugging Face checkpoint folder (config.json, model.safetensors, tokenizer files) for the naive peer's
   `transformers` pipeline, written with our `save_pretrained`;
 - a serving bundle (manifest.json, tokenizer/, cpu-fp32.onnx) for `bertserve serve`, exported with the legacy
-  exporter at opset 17 with the dynamic axes of `bert_model.tasks.spec`.
+  exporter at opset 17 with the dynamic axes of `bundles.spec`.
 2 layers, hidden 32, over the real uncased MiniLM WordPiece vocabulary, so tokenization is realistic and both
 servers do the real work of a request, only with a much smaller network. Tests may use torch; the load
 tests themselves do not.
@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bert_model.tasks.spec import INPUT_NAMES, BundleManifest, VariantSpec, dynamic_axes
+from bundles.spec import INPUT_NAMES, BundleManifest, VariantSpec, dynamic_axes
 
 if TYPE_CHECKING:
     from bert_model.config import BertConfig

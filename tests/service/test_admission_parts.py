@@ -15,17 +15,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import bert_model.tasks.qa as qa_module
-from service.admission import BoundedExecutor, Door, QueueReservations
-from service.batcher import BatchConfig, Batcher
-from service.bundles import open_bundle
+from bundles.serving import open_bundle
+from service.engine.admission import BoundedExecutor, Door, QueueReservations
+from service.engine.batcher import BatchConfig, Batcher
+from service.engine.engine import INLINE_CHARACTERS, InferenceService
+from service.engine.inputs import QAInput
+from service.engine.pipelines import make_pipeline
 from service.errors import InvalidInput, Overloaded
 from service.grpc_api.server import AdmissionInterceptor
 from service.http_api.middleware import AdmissionMiddleware
-from service.inference import INLINE_CHARACTERS, InferenceService
-from service.metrics import ServiceMetrics
-from service.pipelines import make_pipeline
+from service.operations.metrics import ServiceMetrics
 from service.settings import ServiceSettings
-from service.task_inputs import QAInput
 
 
 def _sample(metrics: ServiceMetrics, name: str, labels: dict[str, str] | None = None) -> float | None:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from bert_model.tasks.features import Feature
-from bert_model.tasks.runtimes import OpenVinoVariant
-from bert_model.tasks.spec import BundleManifest
-from bert_model.tasks.variant_choice import choose_variant
-from service.ort_backend import OrtBackend
+from bundles.runtimes import OpenVinoVariant
+from bundles.spec import BundleManifest
+from bundles.variant_choice import choose_variant
+from service.backends.ort_backend import OrtBackend
 from tests.service.tiny_bundles import with_openvino_variant
 
 
@@ -85,8 +85,8 @@ FIRST_CALLS_AT_ONCE = """
 import sys, threading
 from pathlib import Path
 import numpy as np
-from bert_model.tasks.runtimes import open_variant
-from bert_model.tasks.spec import BundleManifest
+from bundles.runtimes import open_variant
+from bundles.spec import BundleManifest
 folder = Path(sys.argv[1])
 manifest = BundleManifest.read(folder)
 spec = manifest.variants["openvino-fp32"]
@@ -176,7 +176,7 @@ def test_openvino_batches_are_padded_to_multiples_of_16_with_unchanged_answers(
     """An OpenVINO variant asks for widths that are multiples of 16, ONNX Runtime for the longest row; through the
     batcher, the NER model's per-token logits of rows of 9 and 23 tokens, padded to 32, equal those padded to 23."""
     pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
-    from service.batcher import BatchConfig, Batcher
+    from service.engine.batcher import BatchConfig, Batcher
 
     folder = with_openvino_variant(tiny_bundles["ner"], tmp_path)
     bundle = BundleManifest.read(folder)

@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
-from service.batcher import BatchConfig, Batcher
+from service.engine.batcher import BatchConfig, Batcher
 from service.errors import (
     BackendBroken,
     BackendError,
@@ -400,16 +400,16 @@ def test_an_exception_in_padding_fails_only_its_batch_at_once_and_the_loop_goes_
 ) -> None:
     """Padding that raises on the batch holding id 666: its callers get Internal (500 / INTERNAL, with the id its
     traceback is logged with) within a second, not at their deadline; the batch after it is served."""
-    import service.batcher
+    import service.engine.batcher
 
-    real_pad = service.batcher.pad_rows
+    real_pad = service.engine.batcher.pad_rows
 
     def pad_rows(ids, *args):  # type: ignore[no-untyped-def]
         if any(666 in row for row in ids):
             raise RuntimeError("padding bug")
         return real_pad(ids, *args)
 
-    monkeypatch.setattr(service.batcher, "pad_rows", pad_rows)
+    monkeypatch.setattr(service.engine.batcher, "pad_rows", pad_rows)
 
     async def go() -> tuple[list[object], float, object]:
         batcher = make(FakeBackend(), max_batch_size=4, max_wait_s=0.01)

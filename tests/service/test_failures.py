@@ -19,18 +19,18 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bert_model.tasks.spec import BundleManifest, VariantSpec
+from bundles.spec import BundleManifest, VariantSpec
+from service.backends.ort_backend import OrtBackend
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
-from service.ort_backend import OrtBackend
-from service.runner import QUIET_MAX_S
+from service.serve import QUIET_MAX_S
 from tests.service.server import LAUNCH, ServerProcess
 
 # Faults injected into the server process by monkeypatching before it starts; each fires once the file named by
 # FAULT_TRIGGER exists, so the server loads and warms up normally first.
 FAULTS = {
     "loop": (
-        "import service.batcher as patched\n"
+        "import service.engine.batcher as patched\n"
         "cut = patched.Batcher._take_batch\n"
         "def take(self, *args, **kwargs):\n"
         "    if os.path.exists(os.environ['FAULT_TRIGGER']):\n"
@@ -39,7 +39,7 @@ FAULTS = {
         "patched.Batcher._take_batch = take\n"
     ),
     "backend": (
-        "import service.ort_backend as patched\n"
+        "import service.backends.ort_backend as patched\n"
         "run = patched.OrtBackend._run\n"
         "def dying(self, *args):\n"
         "    if os.path.exists(os.environ['FAULT_TRIGGER']):\n"

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from service.bundles import open_bundle
-from service.errors import InvalidInput
-from service.inference import (
+from bundles.serving import open_bundle
+from service.engine.engine import (
     FILL_MASK_MAX_TARGET_CHARS,
     FILL_MASK_MAX_TARGETS,
     INLINE_CHARACTERS,
     InferenceService,
     _characters,
 )
-from service.pipelines import FILL_MASK_MAX_FILLS, make_pipeline
+from service.engine.inputs import FillMaskInput
+from service.engine.pipelines import FILL_MASK_MAX_FILLS, make_pipeline
+from service.errors import InvalidInput
 from service.settings import ServiceSettings
-from service.task_inputs import FillMaskInput
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert_model.tasks.spec import MANIFEST_FILE
-from service.bundles import ServingBundle
-from service.inference import InferenceService
+from bundles.serving import ServingBundle
+from bundles.spec import MANIFEST_FILE
+from service.engine.engine import InferenceService
 from service.settings import ServiceSettings
 
 
@@ -69,7 +69,7 @@ def test_warm_up_runs_one_batch_of_the_largest_shape_per_model(
     """After the warm-up request each model runs the most rows of its longest window in one call, so the runtime's
     memory is at its working size before the first request (a QA model's arena grew ~50 MB under the first
     requests with windows of 256 tokens otherwise)."""
-    from service.ort_backend import OrtBackend
+    from service.backends.ort_backend import OrtBackend
 
     shapes: dict[str, list[tuple[int, ...]]] = {}
     infer = OrtBackend.infer

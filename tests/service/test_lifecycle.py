@@ -26,8 +26,10 @@ from tests.service.test_http_api import LONG_CONTEXT
 def test_service_imports_no_torch() -> None:
     code = (
         "import sys\n"
-        "import service.cli, service.runner, service.http_api, service.grpc_api.server, service.inference\n"
-        "import service.ort_backend, service.triton_backend, service.healthcheck, bertserve.benchmarks.service\n"
+        "import bertserve.commands.serve, service.serve, service.http_api, service.grpc_api.server\n"
+        "import service.engine.engine\n"
+        "import service.backends.ort_backend, service.backends.triton_backend, service.operations.healthcheck\n"
+        "import bertserve.benchmarks.service\n"
         "from service.http_api import create_app\n"
         "create_app()\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'onnx'))\n"
@@ -87,7 +89,7 @@ def test_settings_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_setting_is_a_serve_option_with_its_help_and_default(monkeypatch: pytest.MonkeyPatch) -> None:
     import typer
 
-    from service.cli import register
+    from bertserve.commands.serve import register
 
     for name in [name for name in __import__("os").environ if name.startswith("BERTSERVE_")]:
         monkeypatch.delenv(name)
@@ -214,7 +216,7 @@ def test_api_key_and_cors(tiny_bundles: dict[str, Path], tmp_path: Path) -> None
         assert ok.status_code == 200
         assert httpx.get(server.url + "/metrics").status_code == 200
         # the compose healthcheck command, run without Docker
-        check = [sys.executable, "-m", "service.healthcheck"]
+        check = [sys.executable, "-m", "service.operations.healthcheck"]
         assert subprocess.run([*check, server.url + "/health/ready"], cwd=REPO, timeout=30).returncode == 0
         assert subprocess.run([*check, "http://127.0.0.1:9/health/ready"], cwd=REPO, timeout=30).returncode == 1
         preflight = httpx.options(

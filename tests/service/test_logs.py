@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service import logs
+from service.operations import logs
 
 
 @pytest.fixture()

@@ -81,7 +81,7 @@ def test_serve_has_the_switch() -> None:
     import typer
     from typer.testing import CliRunner
 
-    from service.cli import register
+    from bertserve.commands.serve import register
 
     app = typer.Typer()
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from starlette.responses import Response
 
+from service.engine.engine import RESPONSE_HEADERS, Outcome, Timings
 from service.http_api.rendering import task_response
-from service.inference import RESPONSE_HEADERS, Outcome, Timings
 
 
 @pytest.mark.parametrize(

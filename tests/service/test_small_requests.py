@@ -1,4 +1,4 @@
-"""Small requests built and post-processed together on one thread (service/small_requests.py): the same features
+"""Small requests built and post-processed together on one thread (service/engine/small_requests.py): the same features
 as one request at a time (`Pipeline.build_many`), the same answers as post-processing on the caller's thread, errors
 kept to their own request, and rounds that grow with the load."""
 
@@ -13,11 +13,11 @@ from typing import Any
 import httpx
 import pytest
 
-from service.bundles import open_bundle
+from bundles.serving import open_bundle
+from service.engine.inputs import ClassifyInput, NERInput
+from service.engine.pipelines import Pipeline, Plan, make_pipeline
+from service.engine.small_requests import THREAD_NAME, SmallRequests
 from service.errors import BackendError, InputTooLong, InvalidInput
-from service.pipelines import Pipeline, Plan, make_pipeline
-from service.small_requests import THREAD_NAME, SmallRequests
-from service.task_inputs import ClassifyInput, NERInput
 from tests.service.server import serving
 
 TEXTS = ["a gripping, beautifully acted film", "dull", "an overlong mess that never finds its footing", "fine"]

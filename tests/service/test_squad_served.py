@@ -1,7 +1,7 @@
 """On real data, the served default `minilm-squad` answers SQuAD paragraphs as `bertserve evaluate` does.
 
 The real server (`bertserve serve` on free ports, torch unimportable) serves the `artifacts/bundles/minilm-squad`
-bundle through the variant `make serve` serves on this CPU (`bert_model.tasks.variant_choice`: OpenVINO int8 on VNNI /
+bundle through the variant `make serve` serves on this CPU (`bundles.variant_choice`: OpenVINO int8 on VNNI /
 AMX CPUs, cpu-int8 on AVX2-only ones). LIMIT evenly spaced questions of SQuAD v1.1 dev-half-a (the ones `bertserve
 evaluate --limit LIMIT` scores) go to it over REST and over gRPC with the service's defaults. `bertserve evaluate
 --predictions` answers the same questions with the PyTorch fp32 model on its training windows (256 tokens, doc_stride
@@ -34,8 +34,8 @@ from bert_model.tasks.features import collate
 from bert_model.tasks.metrics import squad_metrics
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
 from bert_model.tasks.readers import SquadExample, read_squad
-from bert_model.tasks.spec import TOKENIZER_DIR, BundleManifest
 from bert_model.tokenization import BertTokenizer
+from bundles.spec import TOKENIZER_DIR, BundleManifest
 from tests.service.server import REPO, ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -131,7 +131,7 @@ def _grpc_answers(channel: grpc.Channel, examples: list[SquadExample]) -> dict[s
 
 def variant_answers(manifest: BundleManifest, variant: str, examples: list[SquadExample], windows: Windows) -> dict:
     """{question id: answer text} of one bundle variant run offline (no server) with the given windows."""
-    from bert_model.tasks.runtimes import open_variant
+    from bundles.runtimes import open_variant
 
     spec = manifest.variants[variant]
     path = BUNDLE / spec.file
@@ -155,8 +155,8 @@ def variant_answers(manifest: BundleManifest, variant: str, examples: list[Squad
 
 
 def service_windows(manifest: BundleManifest) -> Windows:
-    """The windows the service reads for this bundle (service/pipelines.py: QAPipeline, from task_settings)."""
-    from service.task_windows import qa_windows
+    """The windows the service reads for this bundle (service/engine/pipelines.py: QAPipeline, from task_settings)."""
+    from service.engine.windows import qa_windows
 
     served = qa_windows(manifest.task_settings, manifest.max_seq_length)
     return Windows(served.max_seq_length, served.doc_stride, served.max_query_length, served.max_answer_length)

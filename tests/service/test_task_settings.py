@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from bert_model.tasks.qa import qa_predictions
-from bert_model.tasks.spec import MANIFEST_FILE, BundleManifest
-from service.bundles import open_bundle
-from service.pipelines import ClassifyPipeline, NERPipeline, QAPipeline, make_pipeline
-from service.task_inputs import NERInput, QAInput
+from bundles.serving import open_bundle
+from bundles.spec import MANIFEST_FILE, BundleManifest
+from service.engine.inputs import NERInput, QAInput
+from service.engine.pipelines import ClassifyPipeline, NERPipeline, QAPipeline, make_pipeline
 from tests.service.server import ServerProcess, serving
 
 CAPACITY = 128  # the tiny graphs' max_position_embeddings

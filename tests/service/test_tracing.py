@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from service.inference import InferenceService
+from service.engine.engine import InferenceService
+from service.engine.inputs import ClassifyInput
+from service.operations.tracing import Tracer
 from service.settings import ServiceSettings
-from service.task_inputs import ClassifyInput
-from service.tracing import Tracer
 
 
 def test_no_endpoint_means_no_opentelemetry() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.triton_backend import _concatenate_rows
+from service.backends.triton_backend import _concatenate_rows
 
 
 def test_calls_with_different_most_masks_join_with_filler_rows() -> None:

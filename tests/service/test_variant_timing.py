@@ -13,11 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert_model.tasks.runtimes import CPU_PROVIDER as CPU
-from bert_model.tasks.spec import MANIFEST_FILE
-from service.inference import InferenceService
-from service.settings import ServiceSettings
-from service.variant_timing import (
+from bundles.runtimes import CPU_PROVIDER as CPU
+from bundles.spec import MANIFEST_FILE
+from service.backends.variant_timing import (
     MAX_ROUNDS,
     MIN_ROUNDS,
     Shape,
@@ -26,6 +24,8 @@ from service.variant_timing import (
     timing_feed,
     timing_shapes,
 )
+from service.engine.engine import InferenceService
+from service.settings import ServiceSettings
 
 GUARDED = {"judgment": "eval-set", "label_agreement": 0.995}
 SHAPES = ("b1x128", "b8x128")
@@ -124,7 +124,7 @@ def test_clearly_slower_variants_stop_racing_but_stay_in_the_report() -> None:
 
 def test_a_variant_that_fails_to_load_is_skipped_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
     speeds = {"fast-but-broken": {"b1x128": 1.0, "b8x128": 5.0}, "cpu-fp32": {"b1x128": 10.0, "b8x128": 70.0}}
-    with caplog.at_level(logging.WARNING, logger="service.variant_timing"):
+    with caplog.at_level(logging.WARNING, logger="service.backends.variant_timing"):
         chosen, choice, backends = run_choice(speeds, seed=1, fail=("fast-but-broken",))
     assert choice.variant == "cpu-fp32" and chosen is backends["cpu-fp32"]
     assert choice.skipped["fast-but-broken"].startswith("failed to load: RuntimeError: graph needs an operator")

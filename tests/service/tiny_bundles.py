@@ -2,7 +2,7 @@
 
 A random 2-layer, hidden-32 BERT per task over the real uncased WordPiece vocabulary of the embedded MiniLM
 (so tokenization and character offsets are realistic), exported with `torch.onnx.export` (legacy exporter,
-opset 17, dynamic batch and sequence axes from `bert_model.tasks.spec`), a saved `BertTokenizer`, and a
+opset 17, dynamic batch and sequence axes from `bundles.spec`), a saved `BertTokenizer`, and a
 `BundleManifest`. `max_seq_length` is small (64) so that long-context windowing is exercised by short texts.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bert_model.tasks.spec import INPUT_NAMES, BundleManifest, VariantSpec, dynamic_axes
+from bundles.spec import INPUT_NAMES, BundleManifest, VariantSpec, dynamic_axes
 
 CLASSIFY_LABELS = ["negative", "positive"]
 NER_LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]

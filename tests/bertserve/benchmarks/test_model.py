@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bert_model.config import BertConfig
-from bertserve.benchmarks.cli import register
 from bertserve.benchmarks.model import cpu_peak, forward_flops, machine_line
+from bertserve.commands.bench import register
 
 CPUINFO = "model name\t: Test CPU\ncpu MHz\t\t: 2500.000\nflags\t\t: fpu avx2 fma avx512f avx512_bf16 avx512_vnni\n"
 
@@ -76,7 +76,7 @@ def test_cpu_peak_from_cpuinfo_flags() -> None:
 
 
 def test_cpu_peak_follows_amx_tiles_on_a_xeon() -> None:
-    from tests.bert_model.test_hardware import AMX_XEON
+    from tests.bundles.test_hardware import AMX_XEON
 
     peak = cpu_peak(AMX_XEON, cores=2)
     assert (peak.fp32_per_cycle, peak.bf16_per_cycle, peak.int8_per_cycle) == (64, 1024, 2048)
@@ -87,7 +87,7 @@ def test_cpu_peak_follows_amx_tiles_on_a_xeon() -> None:
 
 
 def test_cpu_peak_of_an_epyc_zen4_uses_its_256_bit_datapaths() -> None:
-    from tests.bert_model.test_hardware import EPYC_ZEN4
+    from tests.bundles.test_hardware import EPYC_ZEN4
 
     peak = cpu_peak(EPYC_ZEN4, cores=2)
     assert (peak.fp32_per_cycle, peak.bf16_per_cycle, peak.int8_per_cycle) == (32, 64, 128)
@@ -109,10 +109,10 @@ def test_probe_sentence_gives_the_spread_of_the_matrix_unit_rates() -> None:
 
 
 def test_bench_report_names_the_machine(tmp_path: Path) -> None:
-    from bert_model.hardware import read_cpu_info
     from bertserve.benchmarks.model import Row, save_report
     from bertserve.benchmarks.report import provenance
-    from tests.bert_model.test_hardware import EPYC_ZEN4
+    from bundles.hardware import read_cpu_info
+    from tests.bundles.test_hardware import EPYC_ZEN4
 
     row = Row("cpu-int8 (ONNX Runtime CPU)", 1, 128, 5.0, 200.0, 3.0, 500.0, 1.0, 0.5)
     origin = provenance("bertserve bench-model m", cpu=read_cpu_info(EPYC_ZEN4, cores=2))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bert_model.hardware import read_cpu_info
 from bertserve.benchmarks.report import command_line, provenance, write_report
 from bertserve.benchmarks.service import markdown
-from tests.bert_model.test_hardware import AMX_XEON, EPYC_ZEN4
+from bundles.hardware import read_cpu_info
+from tests.bundles.test_hardware import AMX_XEON, EPYC_ZEN4
 
 ROW = {"requests_per_s": 100.0, "p50_ms": 10.0, "p99_ms": 20.0, "backend_calls": 10, "mean_batch_size": 4.0}
 

@@ -9,7 +9,7 @@ import pytest
 
 from bert_model.tasks.features import Feature
 from bertserve.benchmarks.widths import cut_batches, main, read_features
-from service.bundles import open_bundle
+from bundles.serving import open_bundle
 from tests.service.tiny_bundles import with_openvino_variant
 
 SENTENCES = [

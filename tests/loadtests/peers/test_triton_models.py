@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert_model.tasks.spec import BundleManifest
+from bundles.spec import BundleManifest
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,131 @@
+"""`bertserve retrieval-eval`: question -> paragraph retrieval on SQuAD through the running service's `/embed`
+and through sentence-transformers, scored with `bert_model.tasks.retrieval` (recall@k over a cosine ranking).
+
+The service side talks only over the wire (HTTP, to this machine only: `loadtests.loopback`); the reference side
+loads sentence-transformers (a test-only dependency, imported inside the function) on the same checkpoint folder
+the bundle was exported from. Both embed the same texts with the same truncation (the model's own length, 256
+tokens for all-MiniLM-L6-v2), so the difference between their recall@k is what the bundle's variant costs. The
+command is a thin wrapper in `bertserve.commands.finetune`, beside `bertserve evaluate`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bert_model.tasks.retrieval import RetrievalSet, recall_at_k, squad_retrieval_set
+from bertserve.cli_errors import exit_on_user_error
+from loadtests.loopback import check_http_url
+
+Embed = Callable[[list[str]], np.ndarray]
+DEFAULT_KS = (1, 5)
+
+
+def embed_over_http(
+    url: str, *, model: str | None = None, batch_size: int = 32, api_key: str | None = None, timeout_s: float = 300.0
+) -> Embed:
+    """A function embedding texts through `POST {url}/embed` (TEI's body), `batch_size` texts per request,
+    cut to the model's length (`truncate: true`), unit length (`normalize: true`)."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def embed(texts: list[str]) -> np.ndarray:
+        rows: list[list[float]] = []
+        with httpx.Client(base_url=url, headers=headers, timeout=timeout_s) as client:
+            for start in range(0, len(texts), batch_size):
+                body: dict[str, Any] = {"inputs": texts[start : start + batch_size], "truncate": True}
+                body.update(normalize=True, **({"model": model} if model else {}))
+                answer = client.post("/embed", json=body)
+                if answer.status_code != 200:
+                    raise RuntimeError(f"POST {url}/embed answered {answer.status_code}: {answer.text[:300]}")
+                rows.extend(answer.json())
+        return np.asarray(rows, dtype=np.float32)
+
+    return embed
+
+
+def served_model(url: str, model: str | None, api_key: str | None = None) -> dict[str, Any]:
+    """The `GET /v1/models` entry of `model` (None: the default embed model): its name, variant, length."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    models = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["models"]
+    for entry in models:
+        if entry["task"] == "embed" and (entry["name"] == model or (model is None and entry["is_default"])):
+            return {key: entry[key] for key in ("name", "variant", "max_seq_length", "backend")}
+    raise ValueError(f"{url} serves no embed model {model or '(default)'}: {[m['name'] for m in models]}")
+
+
+def embed_with_sentence_transformers(model: str | Path, *, batch_size: int = 32) -> Embed:
+    """A function embedding texts with sentence-transformers on the CPU (its own truncation and pooling,
+    `normalize_embeddings=True`); `model` is a folder or a built-in name such as `minilm`."""
+    from sentence_transformers import SentenceTransformer
+
+    from bert_model.registry import resolve_model_path
+
+    encoder = SentenceTransformer(str(resolve_model_path(model)), device="cpu")
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return np.asarray(encoder.encode(texts, batch_size=batch_size, normalize_embeddings=True), dtype=np.float32)
+
+    return embed
+
+
+def evaluate(embed: Embed, retrieval_set: RetrievalSet, ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
+    """recall@k (percent), MRR and counts of `retrieval_set` with vectors from `embed`, and the seconds spent."""
+    started = time.perf_counter()
+    questions = embed(retrieval_set.questions)
+    paragraphs = embed(retrieval_set.paragraphs)
+    metrics = recall_at_k(questions, paragraphs, retrieval_set.gold, ks=ks)
+    metrics["seconds"] = round(time.perf_counter() - started, 1)
+    return metrics
+
+
+def run_retrieval_eval(
+    squad: Path,
+    *,
+    host: str | None,
+    model: str | None,
+    reference: str | None,
+    max_paragraphs: int | None,
+    batch_size: int,
+    api_key: str | None,
+    out: Path | None,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Score the service at `host` and / or sentence-transformers on `reference`; `echo` each side's JSON line.
+    Input errors exit with a one-line message (`exit_on_user_error`) before any work."""
+    from bert_model.tasks.readers import read_squad
+
+    with exit_on_user_error():
+        if host is None and reference is None:
+            raise ValueError("give --host (the service) or --reference (sentence-transformers), or both")
+        url = check_http_url(host) if host is not None else None
+        retrieval_set = squad_retrieval_set(read_squad(squad), max_paragraphs=max_paragraphs)
+    results: dict[str, Any] = {"data": str(squad), "max_paragraphs": max_paragraphs}
+    if url is not None:
+        results["service"] = {
+            **served_model(url, model, api_key),
+            **evaluate(embed_over_http(url, model=model, batch_size=batch_size, api_key=api_key), retrieval_set),
+        }
+        echo(json.dumps({"service": results["service"]}))
+    if reference is not None:
+        reference_embed = embed_with_sentence_transformers(reference, batch_size=batch_size)
+        results["sentence-transformers"] = {"model": reference, **evaluate(reference_embed, retrieval_set)}
+        echo(json.dumps({"sentence-transformers": results["sentence-transformers"]}))
+    if "service" in results and "sentence-transformers" in results:
+        results["difference_points"] = {
+            f"recall@{k}": round(results["service"][f"recall@{k}"] - results["sentence-transformers"][f"recall@{k}"], 3)
+            for k in DEFAULT_KS
+        }
+        echo(json.dumps({"difference_points": results["difference_points"]}))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+    return results

@@ -1,0 +1,569 @@
+"""Glue between requests and the torch-free task logic of `bert_model.tasks` (never re-implemented here).
+
+Each pipeline turns one validated request into features (each remembering its input's index), and the
+features' output rows back into one result per input, in the shapes of Hugging Face pipelines:
+classify -> `[{label, score}]`, qa -> `[{answer, score, start, end}]`, ner -> `[{entity_group, score, word,
+start, end}]`, fill-mask -> per mask `[{score, token, token_str, sequence}]`; embed -> `{embedding, tokens}`
+(the vector, and the tokens read, which OpenAI's `usage` counts).
+Errors of the task layer caused by the input (ValueError / TypeError) become `InvalidInput`.
+
+The requests are `service.engine.inputs`; QA and NER windows follow the model's own settings (`service.engine.windows`).
+Classification scores follow the model's `problem_type` (manifest `task_settings`) as Hugging Face's pipeline
+does: softmax for single-label heads, sigmoids for multi-label ones (and a single output), the raw values of a
+regression head; a request's `function_to_apply` overrides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bert_model.tasks.classification import (
+    ScoreFunction,
+    build_classification_features,
+    classification_postprocess,
+    default_score_function,
+    feature_row_1d,
+    label_scores,
+)
+from bert_model.tasks.embeddings import POOLING_MODES, embedding_postprocess
+from bert_model.tasks.features import Feature, check_aligned
+from bert_model.tasks.fill_mask import (
+    DEFAULT_MASK_TOKEN,
+    build_fill_mask_features,
+    fill_mask_postprocess,
+    mask_token_id,
+    target_ids,
+)
+from bert_model.tasks.ner import NERInputs, encode_ner_texts, ner_postprocess, ner_window_features
+from bert_model.tasks.qa import QAInputs, encode_qa_inputs, qa_postprocess, qa_window_features
+from bert_model.tokenization import InputTooLongError
+from bundles.serving import ServingBundle
+from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
+from service.engine.windows import ner_windows, qa_windows
+from service.errors import BackendError, InputTooLong, InvalidInput
+
+WARMUP_TEXTS: tuple[str, ...] = ("warm up the model", "a second, somewhat longer warm-up sentence " * 4)
+"""What the single-text pipelines run at load: a short and a longer text, two sequence lengths."""
+
+FILL_MASK_MAX_FILLS = 1000
+"""Most fills one fill-mask request may ask for (its masks, over all its texts, x top_k or the targets if fewer),
+refused before the model runs: each fill is its text decoded again (up to ~2 KB and ~0.4 ms of post-processing at
+512 tokens), so this bounds an answer at about 2 MB and 0.4 s, far under gRPC's send limit."""
+FILL_MASK_OUTPUT_BYTES = 256 * 1024 * 1024
+"""Largest (B, M, V) float32 `mask_logits` output of one fill-mask batch (M = its most masks in one row). A row
+may be all masks, so M can reach the padded length: the cap bounds a batch's padded tokens (about 2,200 with a
+30,522-token vocabulary). One mask per row, a batch of 8 x 128 tokens puts 8 x 30,522 floats out (977 KB)."""
+
+
+@dataclass
+class Plan:
+    """What a request needs of the model, known before its features are built (`Pipeline.plan`)."""
+
+    request: Any
+    sequences: int
+    """Model rows (token sequences) the request's features will be."""
+    tokenized: Any = None
+    """What the pipeline tokenized to count them, which `Pipeline.build` cuts the features from (None: nothing)."""
+    rows: Sequence[int] = ()
+    """QA, NER: the model rows (windows) of each input, in order (empty: one row per input)."""
+    unit: str = "sequences"
+    """What a row is, for messages: `windows of 256 tokens` (QA, NER), `sequences` else."""
+
+    def too_large(self, limit: int) -> str | None:
+        """Why the request cannot fit into a queue of `limit` rows and how to split it; None when it fits."""
+        if self.sequences <= limit:
+            return None
+        head = (
+            f"the request needs {self.sequences} {self.unit}, more than this model's queue holds ({limit}, the "
+            f"server's max_queue setting)"
+        )
+        if not self.rows:
+            return f"{head}; send fewer or shorter inputs"
+        largest = max(range(len(self.rows)), key=lambda index: self.rows[index])
+        if self.rows[largest] > limit:
+            return (
+                f"{head}: input {largest} alone needs {self.rows[largest]}; send it in parts of at most "
+                f"{limit / self.rows[largest]:.0%} of its length"
+            )
+        return (
+            f"{head}; split it into requests of at most {limit} {self.unit}: at most {limit // self.rows[largest]} "
+            f"inputs as long as its longest (input {largest}: {self.rows[largest]})"
+        )
+
+
+PostprocessItem = tuple[Any, Sequence[Feature], list[dict[str, np.ndarray]]]
+"""`(request, features, outputs)`: what `Pipeline.postprocess` turns into a request's answers."""
+
+
+class Pipeline:
+    """Task logic for one bundle: features out of an input, results out of output rows.
+
+    Features are made in two steps, so that a server judges a request's model rows against the model's queue
+    before it spends time building them: `plan` counts the rows (QA and NER tokenize each input once, without
+    windows, and count the windows arithmetically; the other tasks have one row per input), `build` makes them.
+    """
+
+    task = ""
+    sequence_outputs: tuple[str, ...] = ()
+    max_batch_tokens: int | None = None
+    """The most padded tokens of one backend call this task allows (None = the server's setting only)."""
+    score_function: ScoreFunction | None = None
+    """classify: how logits become scores unless a request says otherwise; None for the other tasks."""
+    short_requests = True
+    """Whether a request of this task may be short, i.e. go before bulk work when it has few tokens
+    (`service.engine.batcher.LongBatchGate`); False for a task whose every request is bulk work."""
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        self.bundle = bundle
+        self.tokenizer = bundle.tokenizer
+        self.max_seq_length = bundle.manifest.max_seq_length
+        """The longest window this pipeline builds (what `GET /v1/models` reports)."""
+        self.labels = list(bundle.manifest.labels)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.bundle.manifest.output_names
+
+    def features(self, request: Any) -> list[Feature]:
+        """The features of `request` at once (`build(plan(request))`)."""
+        return self.build(self.plan(request))
+
+    def plan(self, request: Any) -> Plan:
+        """How many model rows `request` needs, and what was tokenized to know it."""
+        with _input_errors():
+            return self._plan(request)
+
+    def build(self, plan: Plan) -> list[Feature]:
+        """The features (model rows) of a planned request."""
+        with _input_errors():
+            return self._build(plan)
+
+    def build_many(self, plans: Sequence[Plan]) -> list[list[Feature] | Exception]:
+        """The features of several planned requests, in order; where a request's input fails, the exception it
+        raised (`build` would raise it) in its place. One `build` per request here; tasks whose features one
+        tokenizer call can build together override it."""
+        built: list[list[Feature] | Exception] = []
+        for plan in plans:
+            try:
+                built.append(self.build(plan))
+            except Exception as error:
+                built.append(error)
+        return built
+
+    def _plan(self, request: Any) -> Plan:
+        return Plan(request, self.count(request))
+
+    def _build(self, plan: Plan) -> list[Feature]:
+        return self._features(plan.request)
+
+    def postprocess(self, request: Any, features: Sequence[Feature], outputs: list[dict[str, np.ndarray]]) -> list[Any]:
+        try:
+            by_index = self._postprocess(request, features, outputs)
+        except (ValueError, TypeError) as error:  # outputs that do not fit the features: not the caller's fault
+            raise BackendError(f"post-processing failed: {error}") from error
+        return [by_index.get(index, []) for index in range(self.count(request))]
+
+    def postprocess_many(self, items: Sequence[PostprocessItem]) -> list[list[Any] | Exception]:
+        """The answers of several requests, in order; where a request's post-processing fails, the exception it
+        raised (`postprocess` would raise it) in its place. One `postprocess` per request here; tasks that can
+        post-process many requests' outputs together override it."""
+        answers: list[list[Any] | Exception] = []
+        for request, features, outputs in items:
+            try:
+                answers.append(self.postprocess(request, features, outputs))
+            except Exception as error:
+                answers.append(error)
+        return answers
+
+    def _features(self, request: Any) -> list[Feature]:
+        raise NotImplementedError
+
+    def _postprocess(self, request: Any, features: Sequence[Feature], outputs: list[dict[str, np.ndarray]]) -> dict:
+        raise NotImplementedError
+
+    def count(self, request: Any) -> int:
+        raise NotImplementedError
+
+    def warmup_input(self) -> Any:
+        raise NotImplementedError
+
+    def filler_batch(self, rows: int, width: int | None = None) -> list[Feature]:
+        """`rows` features of `width` tokens (default the longest window this pipeline builds), `[CLS] the the ...
+        [SEP]`: warm-up batches of a given shape (the largest, after which the runtime's memory is at its working
+        size; the probes of `service.engine.call_cost`)."""
+        width = self.max_seq_length if width is None else width
+        filler = self.tokenizer.token_to_id("the") or self.tokenizer.cls_id
+        ids = [self.tokenizer.cls_id] + [filler] * (width - 2) + [self.tokenizer.sep_id]
+        return [Feature(index, list(ids), [0] * len(ids)) for index in range(rows)]
+
+
+@contextmanager
+def _input_errors() -> Iterator[None]:
+    """Errors of the task layer caused by the input become InvalidInput (InputTooLong for a too long one)."""
+    try:
+        yield
+    except InputTooLongError as error:
+        raise InputTooLong(f"{error} (or set truncate=true)") from error
+    except (ValueError, TypeError) as error:
+        raise InvalidInput(str(error)) from error
+
+
+def _truncation(truncate: bool | None) -> str:
+    return "none" if truncate is False else "longest_first"
+
+
+class ClassifyPipeline(Pipeline):
+    task = "classify"
+    score_function: ScoreFunction
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        problem_type = bundle.manifest.task_settings.get("problem_type")
+        try:
+            self.score_function = default_score_function(problem_type, len(self.labels))
+        except ValueError as error:
+            raise ValueError(f"manifest task_settings: {error}") from error
+
+    def _features(self, request: ClassifyInput) -> list[Feature]:
+        return list(
+            build_classification_features(
+                self.tokenizer,
+                request.texts,
+                request.pairs,
+                max_seq_length=self.max_seq_length,
+                truncation=_truncation(request.truncate),  # type: ignore[arg-type]
+            )
+        )
+
+    def build_many(self, plans: Sequence[Plan]) -> list[list[Feature] | Exception]:
+        """Requests that truncate, texts alone or pairs alone, in one `encode_batch` each (a tokenizer encodes
+        each input on its own, so the features are those of one call per request); the rest one by one."""
+        built: list[list[Feature] | Exception | None] = [None] * len(plans)
+        groups: dict[bool, list[int]] = {}
+        for index, plan in enumerate(plans):
+            request: ClassifyInput = plan.request
+            if request.truncate is False:
+                continue
+            groups.setdefault(request.pairs is not None, []).append(index)
+        for paired, indices in groups.items():
+            if len(indices) < 2:
+                continue
+            requests: list[ClassifyInput] = [plans[index].request for index in indices]
+            texts = [text for request in requests for text in request.texts]
+            pairs = [pair for request in requests for pair in request.pairs or ()] if paired else None
+            try:
+                features = self.build(Plan(ClassifyInput(texts=texts, pairs=pairs, truncate=True), len(texts)))
+            except Exception:  # one input failed: each request on its own below, to fail that one only
+                continue
+            start = 0
+            for index, request in zip(indices, requests, strict=True):
+                own = features[start : start + len(request.texts)]
+                for position, feature in enumerate(own):
+                    feature.request_index = position
+                built[index] = own
+                start += len(request.texts)
+        rest = [index for index, outcome in enumerate(built) if outcome is None]
+        for index, outcome in zip(rest, super().build_many([plans[index] for index in rest]), strict=True):
+            built[index] = outcome
+        return [outcome for outcome in built if outcome is not None]
+
+    def _postprocess(self, request: ClassifyInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        logits = [output["logits"] for output in outputs]
+        function = request.function_to_apply or self.score_function
+        return classification_postprocess(features, logits, self.labels, top_k=request.top_k, function=function)
+
+    def postprocess_many(self, items: Sequence[PostprocessItem]) -> list[list[Any] | Exception]:
+        """Requests with the same score function and top_k whose features are their inputs in order (as `build`
+        makes them), ranked in one `label_scores` call: each row's answer is the one it gets alone. The rest, and
+        a group whose outputs do not fit, one by one (so that an error stays with its request)."""
+        answers: list[list[Any] | Exception | None] = [None] * len(items)
+        groups: dict[tuple[str, int | None], list[int]] = {}
+        for index, (request, features, _) in enumerate(items):
+            if [feature.request_index for feature in features] == list(range(len(request.texts))):
+                groups.setdefault((request.function_to_apply or self.score_function, request.top_k), []).append(index)
+        for (function, top_k), indices in groups.items():
+            if len(indices) < 2:
+                continue
+            try:
+                logits: list[np.ndarray] = []
+                for index in indices:
+                    _, features, outputs = items[index]
+                    request_logits = [output["logits"] for output in outputs]
+                    check_aligned(features, request_logits, "logits")
+                    logits += request_logits
+                rows = np.stack([feature_row_1d(row, len(self.labels)) for row in logits])
+                ranked = label_scores(rows, self.labels, top_k=top_k, function=function)  # type: ignore[arg-type]
+            except (ValueError, TypeError, KeyError):
+                continue
+            start = 0
+            for index in indices:
+                count = len(items[index][1])
+                answers[index] = ranked[start : start + count]
+                start += count
+        rest = [index for index, answer in enumerate(answers) if answer is None]
+        for index, answer in zip(rest, super().postprocess_many([items[index] for index in rest]), strict=True):
+            answers[index] = answer
+        return [answer for answer in answers if answer is not None]
+
+    def count(self, request: ClassifyInput) -> int:
+        return len(request.texts)
+
+    def warmup_input(self) -> ClassifyInput:
+        return ClassifyInput(texts=list(WARMUP_TEXTS))
+
+
+class QAPipeline(Pipeline):
+    task = "qa"
+    sequence_outputs = ("start_logits", "end_logits")
+    # A question over a passage is bulk work, however short the passage: the priority of short requests is for
+    # sentences. Were QA requests with short passages short, a QA load would hold back its own longer requests'
+    # batches behind them (one at a time, not on all cores, of at most priority_batch_tokens): half the throughput
+    # of a SQuAD load on 2 cores (24 vs 42 answers/s).
+    short_requests = False
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        self.windows = qa_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length)
+        self.max_seq_length = self.windows.max_seq_length
+
+    def _plan(self, request: QAInput) -> Plan:
+        stride = self.windows.doc_stride if request.doc_stride is None else request.doc_stride
+        if stride >= self.windows.context_room:
+            raise InvalidInput(
+                f"doc_stride {stride} must be smaller than the context tokens of one window "
+                f"({self.windows.context_room} for this model)"
+            )
+        inputs = encode_qa_inputs(
+            self.tokenizer,
+            request.questions,
+            request.contexts,
+            max_seq_length=self.max_seq_length,
+            doc_stride=stride,
+            max_query_length=self.windows.max_query_length,
+        )
+        counts = inputs.window_counts()
+        if request.truncate is False:
+            _reject_windows(counts, "context[{}]", self.max_seq_length)
+            _reject_long_questions(inputs.question_lengths, self.windows.max_query_length)
+        unit = f"windows of {self.max_seq_length} tokens (doc_stride {stride})"
+        return Plan(request, sum(counts), inputs, rows=counts, unit=unit)
+
+    def _build(self, plan: Plan) -> list[Feature]:
+        inputs: QAInputs = plan.tokenized
+        return list(qa_window_features(self.tokenizer, inputs))
+
+    def _postprocess(self, request: QAInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        return qa_postprocess(
+            features,  # type: ignore[arg-type]
+            [output["start_logits"] for output in outputs],
+            [output["end_logits"] for output in outputs],
+            top_k=request.top_k,
+            max_answer_length=self.windows.max_answer_length
+            if request.max_answer_len is None
+            else request.max_answer_len,
+            null_threshold=self.windows.null_threshold if request.handle_impossible_answer else None,
+        )
+
+    def count(self, request: QAInput) -> int:
+        return len(request.questions)
+
+    def warmup_input(self) -> QAInput:
+        context = "The service warms up every model once before it reports ready. " * 20
+        return QAInput(questions=["What does the service warm up?"], contexts=[context])
+
+
+class NERPipeline(Pipeline):
+    task = "ner"
+    sequence_outputs = ("logits",)
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        self.max_seq_length, self.stride = ner_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length)
+        """Window length, and tokens shared by consecutive windows of a long text."""
+
+    def _plan(self, request: NERInput) -> Plan:
+        inputs = encode_ner_texts(self.tokenizer, request.texts, max_seq_length=self.max_seq_length, stride=self.stride)
+        counts = inputs.window_counts()
+        if request.truncate is False:
+            _reject_windows(counts, "input {}", self.max_seq_length)
+        unit = f"windows of {self.max_seq_length} tokens"
+        return Plan(request, sum(counts), inputs, rows=counts, unit=unit)
+
+    def _build(self, plan: Plan) -> list[Feature]:
+        inputs: NERInputs = plan.tokenized
+        return list(ner_window_features(self.tokenizer, inputs))
+
+    def _postprocess(self, request: NERInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        logits = [output["logits"] for output in outputs]
+        return ner_postprocess(
+            features,  # type: ignore[arg-type]
+            logits,
+            self.labels,
+            aggregation_strategy=request.aggregation_strategy,  # type: ignore[arg-type]
+        )
+
+    def count(self, request: NERInput) -> int:
+        return len(request.texts)
+
+    def warmup_input(self) -> NERInput:
+        return NERInput(texts=["Ada Lovelace worked with Charles Babbage in London."])
+
+
+class EmbedPipeline(Pipeline):
+    """Sentence embeddings: one (cut or refused) sequence per text; the graph pools it (the manifest's `pooling`
+    says how) and normalizes the pooled vector, the pipeline picks the vector the request asks for (or cuts the
+    pooled one to `dimensions` and renormalizes it)."""
+
+    task = "embed"
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        settings = bundle.manifest.task_settings
+        self.pooling = settings.get("pooling", "mean")
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(f"manifest task_settings pooling must be one of {POOLING_MODES}, got {self.pooling!r}")
+        self.normalize = settings.get("normalize", True)
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"manifest task_settings normalize must be true or false, got {self.normalize!r}")
+
+    def _features(self, request: EmbedInput) -> list[Feature]:
+        return list(
+            build_classification_features(
+                self.tokenizer,
+                request.texts,
+                max_seq_length=self.max_seq_length,
+                truncation=_truncation(request.truncate),  # type: ignore[arg-type]
+            )
+        )
+
+    def _postprocess(self, request: EmbedInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        pooled = [output["pooled_embedding"] for output in outputs]
+        size = int(np.shape(pooled[0])[-1]) if pooled else 0
+        if request.dimensions is not None and request.dimensions > size:
+            raise InvalidInput(
+                f"dimensions must be at most {size} (this model's embedding size), got {request.dimensions}"
+            )
+        vectors = embedding_postprocess(
+            features,
+            pooled,
+            [output["normalized_embedding"] for output in outputs],
+            normalize=self.normalize if request.normalize is None else request.normalize,
+            dimensions=request.dimensions,
+        )
+        tokens = {feature.request_index: len(feature) for feature in features}
+        return {index: {"embedding": vector, "tokens": tokens[index]} for index, vector in vectors.items()}
+
+    def count(self, request: EmbedInput) -> int:
+        return len(request.texts)
+
+    def warmup_input(self) -> EmbedInput:
+        return EmbedInput(texts=list(WARMUP_TEXTS))
+
+
+class FillMaskPipeline(Pipeline):
+    """Masked-LM predictions at every mask token of a text (Hugging Face fill-mask semantics). The graph scores the
+    mask tokens only: each text's output row is (M, V), its masks' logits in position order first."""
+
+    task = "fill-mask"
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        self.mask_token = bundle.manifest.task_settings.get("mask_token", DEFAULT_MASK_TOKEN)
+        if not isinstance(self.mask_token, str) or self.tokenizer.token_to_id(self.mask_token) is None:
+            raise ValueError(
+                f"manifest task_settings mask_token {self.mask_token!r} is not in the tokenizer's vocabulary"
+            )
+        # M <= the padded length: bounding the padded tokens bounds the (B, M, V) output
+        self.max_batch_tokens = max(self.max_seq_length, FILL_MASK_OUTPUT_BYTES // (4 * self.tokenizer.vocab_size))
+
+    def filler_batch(self, rows: int, width: int | None = None) -> list[Feature]:
+        """As `Pipeline.filler_batch`, each row with one mask token (the graph scores mask tokens only)."""
+        features = super().filler_batch(rows, width)
+        mask_id = mask_token_id(self.tokenizer, self.mask_token)
+        for feature in features:
+            feature.input_ids[1] = mask_id
+        return features
+
+    def _features(self, request: FillMaskInput) -> list[Feature]:
+        choices = self.tokenizer.vocab_size
+        if request.targets is not None:
+            choices = len(target_ids(self.tokenizer, request.targets))  # refuses a target that is not one token
+        features = build_fill_mask_features(
+            self.tokenizer,
+            request.texts,
+            max_seq_length=self.max_seq_length,
+            truncation=_truncation(request.truncate),  # type: ignore[arg-type]
+            mask_token=self.mask_token,
+        )
+        mask_id = mask_token_id(self.tokenizer, self.mask_token)
+        masks = 0
+        for feature in features:
+            masks += list(feature.input_ids).count(mask_id)
+        each = min(request.top_k, choices)
+        if masks * each > FILL_MASK_MAX_FILLS:
+            raise InvalidInput(
+                f"the request asks for {masks * each} fills ({masks} masks x {each} each: top_k, or the targets if "
+                f"fewer), more than the limit of {FILL_MASK_MAX_FILLS} per request; lower top_k, or split it into "
+                "requests with fewer masks or texts"
+            )
+        return features
+
+    def _postprocess(self, request: FillMaskInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+        return fill_mask_postprocess(
+            self.tokenizer,
+            features,
+            [output["mask_logits"] for output in outputs],
+            top_k=request.top_k,
+            targets=None if request.targets is None else target_ids(self.tokenizer, request.targets),
+            mask_token=self.mask_token,
+        )
+
+    def count(self, request: FillMaskInput) -> int:
+        return len(request.texts)
+
+    def warmup_input(self) -> FillMaskInput:
+        return FillMaskInput(texts=[f"The service warms up every {self.mask_token} before it reports ready."])
+
+
+def _reject_windows(window_counts: Sequence[int], pointer: str, max_seq_length: int) -> None:
+    """With truncate=false, an input that needs more than one window is refused (QA contexts, NER texts).
+    `pointer` formats the input's index into the message: `context[{}]`, or `input {}` where REST and gRPC name
+    the texts differently."""
+    for index, count in enumerate(window_counts):
+        if count > 1:
+            raise InputTooLong(
+                f"{pointer.format(index)} does not fit in one window of {max_seq_length} tokens; "
+                "shorten it, or send truncate=true to process it in overlapping windows"
+            )
+
+
+def _reject_long_questions(question_lengths: Sequence[int], limit: int) -> None:
+    """With truncate=false, a question over the model's question budget is refused (truncate=true cuts it)."""
+    for index, length in enumerate(question_lengths):
+        if length > limit:
+            raise InputTooLong(
+                f"question[{index}] has {length} tokens, more than this model's limit of {limit} tokens "
+                "for a question; shorten it, or send truncate=true to cut it"
+            )
+
+
+PIPELINES: dict[str, type[Pipeline]] = {
+    "classify": ClassifyPipeline,
+    "qa": QAPipeline,
+    "ner": NERPipeline,
+    "embed": EmbedPipeline,
+    "fill-mask": FillMaskPipeline,
+}
+
+
+def make_pipeline(bundle: ServingBundle) -> Pipeline:
+    """The task pipeline of `bundle`; a manifest whose task_settings cannot be used raises ValueError naming it."""
+    try:
+        return PIPELINES[bundle.task](bundle)
+    except ValueError as error:
+        raise ValueError(f"bundle {bundle.path}: {error}") from error
