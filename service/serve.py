@@ -129,7 +129,7 @@ def serve(settings: ServiceSettings) -> None:
 
     def begin_drain() -> None:
         service.state.draining = True
-        service.operations.metrics.ready.set(0)
+        service.metrics.ready.set(0)
         if app.state.grpc is not None:
             app.state.grpc.set_serving(False)
 
@@ -157,7 +157,7 @@ def serve(settings: ServiceSettings) -> None:
             settings.header_timeout_s,
             settings.max_header_bytes,
             settings.body_timeout_s,
-            on_cut=lambda phase: service.operations.metrics.slow_clients.labels("http", phase).inc(),
+            on_cut=lambda phase: service.metrics.slow_clients.labels("http", phase).inc(),
         ),
         limit_concurrency=settings.max_connections,
     )

@@ -168,7 +168,7 @@ class GrpcFrontDoor:
         admission = AdmissionInterceptor(
             service.door,
             settings.body_timeout_s,
-            on_timeout=lambda: service.operations.metrics.slow_clients.labels("grpc", "body").inc(),
+            on_timeout=lambda: service.metrics.slow_clients.labels("grpc", "body").inc(),
         )
         interceptors: list[grpc.aio.ServerInterceptor] = [admission]  # first: counted from arrival
         if settings.api_key:
