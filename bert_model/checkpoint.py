@@ -1,10 +1,12 @@
-"""Checkpoint folders: load Hugging Face BERT checkpoints into our modules and save folders that
-`transformers` loads back.
+"""Checkpoint folders: load Hugging Face BERT-family checkpoints into our modules and save folders that
+`transformers` loads back as the same family and architecture.
 
 The contract is the Hugging Face parameter naming (`bert.encoder.layer.0.attention.self.query.weight`,
-`cls.predictions.*`, `cls.seq_relationship.*`, `classifier.*`, `qa_outputs.*`). Tensors are read by
-`bert_model.weights` (safetensors, or weights-only `pytorch_model.bin`), those of a composite folder rebuilt by
-`bert_model.adapters`. Every copy is shape-checked; missing and unexpected keys are reported by name.
+`cls.predictions.*`, `cls.seq_relationship.*`, `classifier.*`, `qa_outputs.*`); `bert_model.weights.LAYOUTS`
+maps the other families' names (`roberta.*`, `distilbert.transformer.*`, `lm_head.*`, ...) onto it on load and
+back on save. Tensors are read by `bert_model.weights` (safetensors, or weights-only `pytorch_model.bin`), those
+of a composite folder rebuilt by `bert_model.adapters`. Every copy is shape-checked; missing and unexpected keys
+are reported by name.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from torch import nn
 from bert_model.adapters import load_composite_state
 from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
-from bert_model.weights import read_state_dict
+from bert_model.weights import BASE_PREFIX, read_state_dict, to_family_names, to_our_names
 
 logger = logging.getLogger(__name__)
 
-BASE_PREFIX = "bert."
-_BASE_TOP_LEVEL = ("embeddings.", "encoder.", "pooler.")
-# Keys that old checkpoints carry but that are buffers or tied copies here.
-_DROPPED_KEYS = ("embeddings.position_ids", "bert.embeddings.position_ids")
+_BASE_TOP_LEVEL = ("embeddings.", "embeddings_project.", "encoder.", "pooler.")
+# Keys that old checkpoints carry but that are buffers here (position and token-type id ranges).
+_DROPPED_KEYS = tuple(
+    f"{prefix}embeddings.{name}" for prefix in ("", BASE_PREFIX) for name in ("position_ids", "token_type_ids")
+)
 
 
 @dataclass
@@ -63,12 +66,20 @@ class PreTrainedMixin:
     """`from_pretrained` / `save_pretrained` for every model class (needs `config` and nn.Module)."""
 
     config: BertConfig
+    architecture_suffix: ClassVar[str] = ""
+    """The class's name in `transformers` after the family prefix (`Model`, `ForMaskedLM`, ...)."""
     tied_weights: ClassVar[dict[str, str]] = {}
     load_report: LoadReport | None = None
 
+    @property
+    def architecture(self) -> str:
+        """The `transformers` class this model saves as (`RobertaForSequenceClassification`, ...)."""
+        return self.config.architecture(self.architecture_suffix)
+
     # ---- initialisation ---------------------------------------------------------------------------------
     def init_weights(self) -> None:
-        """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm."""
+        """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorm; then any module's
+        `init_fixed_weights()` (e.g. DistilBERT's sinusoidal positions)."""
         assert isinstance(self, nn.Module)
         std = self.config.initializer_range
         for module in self.modules():
@@ -84,6 +95,10 @@ class PreTrainedMixin:
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
+        for module in self.modules():
+            init_fixed = getattr(module, "init_fixed_weights", None)
+            if callable(init_fixed):
+                init_fixed()
 
     # ---- loading ----------------------------------------------------------------------------------------
     @classmethod
@@ -100,10 +115,11 @@ class PreTrainedMixin:
         return model
 
     def load_checked(self, state: dict[str, torch.Tensor], source: str = "state dict") -> LoadReport:
-        """Copy `state` into this model, refusing shape mismatches and missing encoder weights."""
+        """Copy `state` (the family's names or ours) into this model, refusing shape mismatches and missing encoder
+        weights."""
         assert isinstance(self, nn.Module)
         has_prefix = any(name.startswith(BASE_PREFIX) for name, _ in self.named_parameters())
-        state = normalize_keys(state, has_prefix)
+        state = normalize_keys(to_our_names(state, self.config.model_type, self.architecture_suffix), has_prefix)
         own = self.state_dict()
         report = LoadReport(source=source)
         mismatches = []
@@ -144,19 +160,20 @@ class PreTrainedMixin:
         assert isinstance(self, nn.Module)
         folder = Path(path)
         folder.mkdir(parents=True, exist_ok=True)
-        self.config.save(folder, architecture=type(self).__name__)
+        self.config.save(folder, architecture=self.architecture)
         save_file(self.checkpoint_tensors(), str(folder / "model.safetensors"), metadata={"format": "pt"})
         return folder
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """The state dict as saved: tied copies dropped, the tied MLM bias written under both names."""
+        """The state dict as saved, in the family's names: tied copies dropped, the tied MLM bias written under
+        both names where the family does so (BERT, RoBERTa, ALBERT)."""
         assert isinstance(self, nn.Module)
         tensors: dict[str, torch.Tensor] = {}
         for key, tensor in self.state_dict().items():
             if key in self.tied_weights:
                 continue
             tensors[key] = tensor.detach().contiguous().clone()
-        return tensors
+        return to_family_names(tensors, self.config.model_type, self.architecture_suffix)
 
 
 def load_checkpoint_state(folder: Path, config: BertConfig) -> dict[str, torch.Tensor]:
@@ -171,4 +188,4 @@ def _is_encoder_key(key: str, has_prefix: bool) -> bool:
     bare = key[len(BASE_PREFIX) :] if has_prefix and key.startswith(BASE_PREFIX) else key
     if has_prefix and not key.startswith(BASE_PREFIX):
         return False
-    return bare.startswith(("embeddings.", "encoder."))
+    return bare.startswith(("embeddings.", "embeddings_project.", "encoder."))

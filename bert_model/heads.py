@@ -1,9 +1,13 @@
 """Task heads on top of BertModel: pretraining (MLM + NSP), masked LM alone, sequence / token classification,
-extractive QA.
+extractive QA, for every family of the encoder.
 
 References: Devlin et al. (2019), section 3.1 (masked LM and next-sentence prediction) and section 4 / figure 4
 (fine-tuning: [CLS] -> linear for classification, per-token linear for tagging, start/end vectors for SQuAD).
-Losses are computed only when labels are given; -100 marks positions without a label.
+A family changes a head's configuration, not its class: RoBERTa, ELECTRA and DistilBERT classify from the first
+token's state through a two-layer head instead of the pooler, and the masked-LM transform of ELECTRA and ALBERT
+narrows to embedding_size so that the decoder can share the word embeddings. `MODEL_CLASSES` maps every
+`transformers` architecture name of the family onto these classes. Losses are computed only when labels are
+given; -100 marks positions without a label.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bert_model.checkpoint import PreTrainedMixin
-from bert_model.config import BertConfig
+from bert_model.config import FAMILIES, SUPPORTED_MODEL_TYPES, BertConfig
 from bert_model.modeling import BertModel, activation
 
 IGNORE_INDEX = -100
@@ -70,11 +74,13 @@ class QuestionAnsweringOutput:
 
 # ---- pretraining heads --------------------------------------------------------------------------------
 class BertPredictionHeadTransform(nn.Module):
+    """dense (H -> E) -> activation -> LayerNorm: hidden states into the word-embedding space."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.transform_act_fn = activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dense = nn.Linear(config.hidden_size, config.embedding_width)
+        self.transform_act_fn = activation(config.family.lm_activation or config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.embedding_width, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
@@ -86,7 +92,7 @@ class BertLMPredictionHead(nn.Module):
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.decoder = nn.Linear(config.embedding_width, config.vocab_size)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.decoder.bias = self.bias
 
@@ -105,14 +111,21 @@ class BertPreTrainingHeads(nn.Module):
 
 
 class BertForPreTraining(PreTrainedMixin, nn.Module):
-    """BERT with the masked-LM head (tied to the word embeddings) and the next-sentence head."""
+    """BERT with the masked-LM head (tied to the word embeddings) and the next-sentence head (model_type bert only:
+    the other families pretrain without NSP, see BertForMaskedLM)."""
 
+    architecture_suffix: ClassVar[str] = "ForPreTraining"
     tied_weights: ClassVar[dict[str, str]] = {
         "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight"
     }
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
+        if config.model_type != "bert":
+            raise ValueError(
+                f"next-sentence pretraining is BERT's (model_type 'bert'), not {config.model_type!r}'s: "
+                "use BertForMaskedLM"
+            )
         self.config = config
         self.bert = BertModel(config, add_pooling_layer=True)
         self.cls = BertPreTrainingHeads(config)
@@ -173,6 +186,7 @@ class BertForMaskedLM(PreTrainedMixin, nn.Module):
     """BERT with the masked-LM head only (no pooler, no NSP head): what fill-mask serves. Loads the checkpoints of
     Hugging Face's `BertForMaskedLM` and `BertForPreTraining` (whose pooler and NSP head go unused)."""
 
+    architecture_suffix: ClassVar[str] = "ForMaskedLM"
     tied_weights: ClassVar[dict[str, str]] = BertForPreTraining.tied_weights
 
     def __init__(self, config: BertConfig) -> None:
@@ -205,17 +219,41 @@ class BertForMaskedLM(PreTrainedMixin, nn.Module):
 
 
 # ---- fine-tuning heads --------------------------------------------------------------------------------
+class ClassificationHead(nn.Module):
+    """dense -> activation -> dropout -> out_proj on the first token's state: RoBERTa's (tanh), ELECTRA's (GELU)
+    and DistilBERT's (ReLU; `pre_classifier` and `classifier` in its checkpoints) sentence head."""
+
+    def __init__(self, config: BertConfig, activation_name: str) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = activation(activation_name)
+        self.dropout = nn.Dropout(_classifier_dropout(config))
+        self.out_proj = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(self.activation(self.dense(features))))  # (B, num_labels)
+
+
 class BertForSequenceClassification(PreTrainedMixin, nn.Module):
-    """[CLS] -> pooler -> dropout -> linear. The loss follows `config.problem_type` (see `problem_type_of`)."""
+    """[CLS] -> pooler -> dropout -> linear (BERT, ALBERT), or the first token -> dropout -> ClassificationHead
+    (RoBERTa, ELECTRA; DistilBERT without the first dropout). The loss follows `config.problem_type`."""
+
+    architecture_suffix: ClassVar[str] = "ForSequenceClassification"
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         if config.num_labels < 1:
             raise ValueError("sequence classification needs labels: set config.id2label (e.g. with_labels)")
         self.config = config
-        self.bert = BertModel(config, add_pooling_layer=True)
-        self.dropout = nn.Dropout(_classifier_dropout(config))
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        family = config.family
+        self.on_pooler = family.classifier_activation is None
+        self.bert = BertModel(config, add_pooling_layer=self.on_pooler)
+        self.dropout = nn.Dropout(_classifier_dropout(config)) if family.classifier_input_dropout else nn.Identity()
+        self.classifier: nn.Module = (
+            nn.Linear(config.hidden_size, config.num_labels)
+            if family.classifier_activation is None
+            else ClassificationHead(config, family.classifier_activation)
+        )
         self.init_weights()
 
     def problem_type_of(self, labels: torch.Tensor) -> str:
@@ -234,9 +272,10 @@ class BertForSequenceClassification(PreTrainedMixin, nn.Module):
         token_type_ids: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
     ) -> SequenceClassifierOutput:
-        pooled = self.bert(input_ids, attention_mask, token_type_ids).pooler_output
-        assert pooled is not None
-        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+        encoded = self.bert(input_ids, attention_mask, token_type_ids)
+        features = encoded.pooler_output if self.on_pooler else encoded.last_hidden_state[:, 0]  # (B, H)
+        assert features is not None
+        logits = self.classifier(self.dropout(features))  # (B, num_labels)
         output = SequenceClassifierOutput(logits=logits)
         if labels is not None:
             output.loss = self._loss(logits.float(), labels)
@@ -255,6 +294,8 @@ class BertForSequenceClassification(PreTrainedMixin, nn.Module):
 
 class BertForTokenClassification(PreTrainedMixin, nn.Module):
     """Per-token linear classifier (NER). Loss ignores label -100 (special tokens, later word pieces)."""
+
+    architecture_suffix: ClassVar[str] = "ForTokenClassification"
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -285,6 +326,8 @@ class BertForTokenClassification(PreTrainedMixin, nn.Module):
 
 class BertForQuestionAnswering(PreTrainedMixin, nn.Module):
     """Start and end logits per token (SQuAD span extraction); loss = mean of the two cross-entropies."""
+
+    architecture_suffix: ClassVar[str] = "ForQuestionAnswering"
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -321,11 +364,18 @@ def _classifier_dropout(config: BertConfig) -> float:
     return config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
 
 
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
-    "BertModel": BertModel,
-    "BertForPreTraining": BertForPreTraining,
-    "BertForMaskedLM": BertForMaskedLM,
-    "BertForSequenceClassification": BertForSequenceClassification,
-    "BertForTokenClassification": BertForTokenClassification,
-    "BertForQuestionAnswering": BertForQuestionAnswering,
-}
+HEAD_CLASSES: tuple[type[PreTrainedMixin], ...] = (
+    BertModel,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertForQuestionAnswering,
+)
+"""The classes every family has, each named by its `architecture_suffix` in `transformers`."""
+
+MODEL_CLASSES: dict[str, type[PreTrainedMixin]] = {
+    FAMILIES[model_type].class_prefix + head.architecture_suffix: head
+    for model_type in SUPPORTED_MODEL_TYPES
+    for head in HEAD_CLASSES
+} | {"BertForPreTraining": BertForPreTraining}
+"""Architecture name in config.json (`RobertaForSequenceClassification`, ...) -> the class that loads it."""

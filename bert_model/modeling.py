@@ -1,14 +1,18 @@
-"""The BERT encoder: embeddings -> bidirectional transformer layers -> pooler.
+"""The BERT encoder: embeddings -> bidirectional transformer layers -> pooler, for the whole BERT family.
 
 Reference: Devlin et al. (2019), "BERT", section 3 and figure 2 (input = token + segment + position
 embeddings). Submodule names follow Hugging Face's `modeling_bert` so that checkpoint import is a loop of
-shape-checked copies (see checkpoint.py). Shapes: B = batch, S = sequence length, H = hidden size,
-N = attention heads, D = H / N.
+shape-checked copies (see checkpoint.py; weights.py maps the other families' names onto these). The families
+are configurations of this one encoder (`BertConfig.family`): RoBERTa's positions start past the padding index
+and skip padding, DistilBERT has no token types and no pooler, ELECTRA and ALBERT embed at `embedding_size` and
+project to the hidden size, ALBERT applies one shared layer `num_hidden_layers` times.
+Shapes: B = batch, S = sequence length, E = embedding size, H = hidden size, N = attention heads, D = H / N.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +41,16 @@ def extended_attention_mask(attention_mask: torch.Tensor, dtype: torch.dtype) ->
     return (1.0 - mask) * torch.finfo(dtype).min
 
 
+def sinusoidal_table(positions: int, width: int) -> torch.Tensor:
+    """(P, E) table: sin(p / 10000^(2i/E)) in even columns 2i, cos of the same angle in odd columns 2i + 1."""
+    exponents = 2 * torch.floor(torch.arange(width, dtype=torch.float64) / 2) / width  # (E,)
+    angles = torch.arange(positions, dtype=torch.float64)[:, None] / torch.pow(10000.0, exponents)  # (P, E)
+    table = torch.empty_like(angles)
+    table[:, 0::2] = torch.sin(angles[:, 0::2])
+    table[:, 1::2] = torch.cos(angles[:, 1::2])
+    return table.float()
+
+
 @dataclass
 class BertModelOutput:
     last_hidden_state: torch.Tensor
@@ -46,26 +60,46 @@ class BertModelOutput:
 
 
 class BertEmbeddings(nn.Module):
-    """Word + position + token-type embeddings, then LayerNorm and dropout."""
+    """Word + token-type + position embeddings, then LayerNorm and dropout: (B, S) ids -> (B, S, E).
+
+    Positions count 0, 1, ... (BERT), or from pad_token_id + 1 over the non-padding tokens with padding at
+    pad_token_id (RoBERTa): computed from `input_ids != pad_token_id` inside forward, so that an exported graph
+    computes them too. Without token types (DistilBERT) `token_type_ids` is ignored.
+    """
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        width = config.embedding_width
+        self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
+        position_padding = config.pad_token_id if config.family.positions_after_padding else None
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, width, padding_idx=position_padding)
+        self.token_type_embeddings = (
+            nn.Embedding(config.type_vocab_size, width) if config.family.has_token_types else None
+        )
+        self.LayerNorm = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.max_positions = config.max_position_embeddings
+        self.padding_idx = position_padding
+        self.sinusoidal = config.sinusoidal_pos_embds
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        seq_len = input_ids.shape[1]
-        position_ids = torch.arange(seq_len, device=input_ids.device).unsqueeze(0)  # (1, S)
-        embeddings = (
-            self.word_embeddings(input_ids)
-            + self.token_type_embeddings(token_type_ids)
-            + self.position_embeddings(position_ids)
-        )  # (B, S, H)
+        embeddings = self.word_embeddings(input_ids)  # (B, S, E)
+        if self.token_type_embeddings is not None:
+            embeddings = embeddings + self.token_type_embeddings(token_type_ids)
+        embeddings = embeddings + self.position_embeddings(self.position_ids(input_ids))
         return self.dropout(self.LayerNorm(embeddings))
+
+    def init_fixed_weights(self) -> None:
+        """DistilBERT's sinusoidal positions (Vaswani et al., 2017, section 3.5) when the config asks for them."""
+        if self.sinusoidal:
+            with torch.no_grad():
+                self.position_embeddings.weight.copy_(sinusoidal_table(*self.position_embeddings.weight.shape))
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(1, S) positions 0..S-1, or (B, S) RoBERTa positions: pad + 1, pad + 2, ... on tokens, pad on padding."""
+        if self.padding_idx is None:
+            return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)  # (1, S)
+        is_token = input_ids.ne(self.padding_idx).long()  # (B, S)
+        return torch.cumsum(is_token, dim=1) * is_token + self.padding_idx  # (B, S)
 
 
 class BertSelfAttention(nn.Module):
@@ -177,13 +211,17 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
+    """`num_hidden_layers` transformer layers: distinct ones, or ALBERT's one shared layer applied each time."""
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        distinct = 1 if config.family.shares_layers else config.num_hidden_layers
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(distinct))
+        self.num_hidden_layers = config.num_hidden_layers
 
     def forward(self, hidden_states: torch.Tensor, additive_mask: torch.Tensor) -> torch.Tensor:
-        for layer in self.layer:
-            hidden_states = layer(hidden_states, additive_mask)
+        for depth in range(self.num_hidden_layers):
+            hidden_states = self.layer[depth % len(self.layer)](hidden_states, additive_mask)
         return hidden_states
 
 
@@ -200,14 +238,19 @@ class BertPooler(nn.Module):
 
 
 class BertModel(PreTrainedMixin, nn.Module):
-    """The bare BERT encoder. `forward(input_ids, attention_mask=None, token_type_ids=None)`."""
+    """The bare encoder of any family. `forward(input_ids, attention_mask=None, token_type_ids=None)`."""
+
+    architecture_suffix: ClassVar[str] = "Model"
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True) -> None:
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
+        self.embeddings_project = (
+            nn.Linear(config.embedding_width, config.hidden_size) if config.projects_embeddings else None
+        )
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.pooler = BertPooler(config) if add_pooling_layer and config.family.has_pooler else None
         self.init_weights()
 
     def forward(
@@ -221,7 +264,9 @@ class BertModel(PreTrainedMixin, nn.Module):
             attention_mask = torch.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        embeddings = self.embeddings(input_ids, token_type_ids)
+        embeddings = self.embeddings(input_ids, token_type_ids)  # (B, S, E)
+        if self.embeddings_project is not None:
+            embeddings = self.embeddings_project(embeddings)  # (B, S, H)
         additive_mask = extended_attention_mask(attention_mask, embeddings.dtype)  # (B, 1, 1, S)
         hidden_states = self.encoder(embeddings, additive_mask)
         pooled = self.pooler(hidden_states) if self.pooler is not None else None
@@ -245,10 +290,9 @@ def check_inputs(
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must have shape (batch, sequence), got {tuple(input_ids.shape)}")
     seq_len = input_ids.shape[1]
-    if seq_len > config.max_position_embeddings:
+    if seq_len > config.max_sequence_length:
         raise ValueError(
-            f"input has {seq_len} tokens but the model accepts at most {config.max_position_embeddings} "
-            "(max_position_embeddings): truncate the input"
+            f"input has {seq_len} tokens but the model accepts at most {config.max_sequence_length}: truncate the input"
         )
     for name, tensor in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if tensor is not None and tensor.shape != input_ids.shape:
@@ -257,5 +301,7 @@ def check_inputs(
         return
     if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= config.vocab_size):
         raise ValueError(f"input_ids must lie in [0, {config.vocab_size}); got ids outside that range")
-    if token_type_ids is not None and token_type_ids.numel() and int(token_type_ids.max()) >= config.type_vocab_size:
+    if not config.family.has_token_types or token_type_ids is None or not token_type_ids.numel():
+        return  # a family without token types ignores them
+    if int(token_type_ids.max()) >= config.type_vocab_size:
         raise ValueError(f"token_type_ids must be < type_vocab_size ({config.type_vocab_size})")

@@ -69,6 +69,7 @@ def local_attention_(model: BertForPreTraining, offsets: tuple[int, ...] = LOCAL
     table[:, 1:head_dim:2] = torch.cos(positions)
     embeddings.position_embeddings.weight.copy_(table * amplitude)
     embeddings.word_embeddings.weight[:, :head_dim] = 0.0
+    assert embeddings.token_type_embeddings is not None  # pretraining builds BERT, which has token types
     embeddings.token_type_embeddings.weight[:, :head_dim] = 0.0
 
     first_layer = model.bert.encoder.layer[0]

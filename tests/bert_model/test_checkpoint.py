@@ -15,7 +15,7 @@ from bert_model.config import BertConfig
 from bert_model.heads import BertForPreTraining, BertForSequenceClassification, BertForTokenClassification
 from bert_model.modeling import BertModel
 from bert_model.registry import minilm_path, resolve_model_path
-from bert_model.weights import read_state_dict
+from bert_model.weights import read_state_dict, to_family_names, to_our_names
 
 TINY = BertConfig(
     vocab_size=99,
@@ -181,3 +181,104 @@ def test_copy_of_minilm_folder_with_bin_weights(tmp_path) -> None:
 def test_resolves_paths_given_as_strings(tmp_path: Path) -> None:
     BertModel(TINY).save_pretrained(tmp_path)
     assert isinstance(BertModel.from_pretrained(str(tmp_path)), BertModel)
+
+
+def test_an_unsupported_model_type_folder_gets_the_one_message(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ValueError) as error:
+        BertModel.from_pretrained(tmp_path)
+    assert str(error.value) == (
+        "config.json has model_type 'gpt2'; supported: albert, bert, distilbert, electra, roberta, xlm-roberta"
+    )
+
+
+TINY_DISTILBERT = BertConfig(
+    model_type="distilbert",
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+    type_vocab_size=0,
+)
+
+
+def test_distilbert_is_saved_in_its_own_names_and_loads_from_ours_too(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(TINY_DISTILBERT.with_labels(["neg", "pos"])).eval()
+    model.save_pretrained(tmp_path)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert {
+        "distilbert.transformer.layer.1.attention.q_lin.weight",
+        "distilbert.transformer.layer.0.sa_layer_norm.bias",
+        "distilbert.transformer.layer.0.ffn.lin2.weight",
+        "pre_classifier.weight",
+        "classifier.bias",
+    } <= set(saved)
+    assert not any(key.startswith("bert.") or "out_proj" in key for key in saved)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        "DistilBertForSequenceClassification"
+    ]
+    # A state dict in our own names (as a composite folder's adapter stores them) loads unchanged.
+    again = BertForSequenceClassification(TINY_DISTILBERT.with_labels(["neg", "pos"]))
+    report = again.load_checked(model.state_dict())
+    assert report.missing_head_keys == [] and report.unexpected_keys == []
+    with torch.no_grad():
+        assert torch.equal(again.eval()(**INPUTS).logits, model(**INPUTS).logits)
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "distilbert", "electra", "albert"])
+def test_family_names_map_onto_ours_and_back(model_type: str) -> None:
+    for head in ("Model", "ForMaskedLM", "ForSequenceClassification"):
+        ours = {f"bert.{name}": torch.zeros(1) for name in ("encoder.layer.1.attention.self.query.weight",)}
+        ours["cls.predictions.transform.dense.weight"] = torch.zeros(1)
+        theirs = to_family_names(ours, model_type, head)
+        assert not any(key.startswith("bert.") for key in theirs)
+        assert set(to_our_names(theirs, model_type, head)) == set(ours)
+        assert set(to_our_names(ours, model_type, head)) == set(ours), "our names pass unchanged"
+
+
+def test_albert_layer_names_and_its_one_shared_layer() -> None:
+    renamed = to_our_names(
+        {
+            "albert.encoder.albert_layer_groups.0.albert_layers.0.attention.dense.weight": torch.zeros(1),
+            "albert.encoder.embedding_hidden_mapping_in.bias": torch.zeros(1),
+            "albert.pooler.weight": torch.zeros(1),
+            "predictions.decoder.bias": torch.zeros(1),
+        },
+        "albert",
+        "ForMaskedLM",
+    )
+    assert set(renamed) == {
+        "bert.encoder.layer.0.attention.output.dense.weight",
+        "bert.embeddings_project.bias",
+        "bert.pooler.dense.weight",
+        "cls.predictions.decoder.bias",
+    }
+    model = BertModel(TINY.replace(model_type="albert", embedding_size=16))
+    assert len(model.encoder.layer) == 1 and model.encoder.num_hidden_layers == 2
+
+
+def test_a_family_base_checkpoint_into_a_head_model_reports_the_new_head(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    hf_config = transformers.RobertaConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        type_vocab_size=1,
+        pad_token_id=1,
+    )
+    transformers.RobertaForMaskedLM(hf_config).save_pretrained(tmp_path)
+    model = BertForSequenceClassification.from_pretrained(tmp_path, id2label={0: "neg", 1: "pos"})
+    assert model.load_report is not None
+    assert model.load_report.missing_head_keys == [
+        "classifier.dense.weight",
+        "classifier.dense.bias",
+        "classifier.out_proj.weight",
+        "classifier.out_proj.bias",
+    ]
+    assert {"lm_head.dense.weight", "lm_head.bias"} <= set(model.load_report.unexpected_keys)

@@ -7,6 +7,7 @@ import torch
 
 from bert_model.config import BertConfig
 from bert_model.heads import (
+    BertForMaskedLM,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -189,3 +190,62 @@ def test_training_step_reduces_loss() -> None:
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] * 0.5
+
+
+ROBERTA = TINY.replace(model_type="roberta", pad_token_id=1, type_vocab_size=1)
+
+
+def test_roberta_positions_start_past_padding_and_skip_it() -> None:
+    model = BertModel(ROBERTA).eval()
+    ids = torch.tensor([[0, 7, 8, 2, 1, 1], [1, 1, 0, 7, 8, 2]])  # right- and left-padded, pad id 1
+    assert model.embeddings.position_ids(ids).tolist() == [[2, 3, 4, 5, 1, 1], [1, 1, 2, 3, 4, 5]]
+    mask = (ids != 1).long()
+    with torch.no_grad():
+        hidden = model(ids, attention_mask=mask).last_hidden_state
+    # The same tokens at the same counted positions give the same states wherever the padding is.
+    torch.testing.assert_close(hidden[0, :4], hidden[1, 2:], atol=1e-5, rtol=1e-5)
+    assert ROBERTA.max_sequence_length == 62
+    with pytest.raises(ValueError, match="63 tokens but the model accepts at most 62"):
+        model(torch.full((1, 63), 5))
+
+
+def test_distilbert_ignores_token_types_and_has_no_pooler() -> None:
+    distilbert = TINY.replace(model_type="distilbert", type_vocab_size=0)
+    model = BertModel(distilbert).eval()
+    assert model.embeddings.token_type_embeddings is None and model.pooler is None
+    inputs = batch()
+    with torch.no_grad():
+        with_types = model(**inputs)
+        without = model(inputs["input_ids"], inputs["attention_mask"])
+    assert with_types.pooler_output is None
+    assert torch.equal(with_types.last_hidden_state, without.last_hidden_state)
+
+
+def test_distilbert_sinusoidal_positions_match_transformers() -> None:
+    from transformers.models.distilbert.modeling_distilbert import create_sinusoidal_embeddings
+
+    config = TINY.replace(model_type="distilbert", type_vocab_size=0, sinusoidal_pos_embds=True)
+    table = BertModel(config).embeddings.position_embeddings.weight
+    expected = create_sinusoidal_embeddings(64, 32, torch.empty(64, 32))
+    torch.testing.assert_close(table.detach(), expected)
+
+
+def test_narrow_embeddings_are_projected_and_tied_to_a_narrow_decoder() -> None:
+    electra = TINY.replace(model_type="electra", embedding_size=16)
+    model = BertForMaskedLM(electra).eval()
+    assert model.bert.embeddings.word_embeddings.weight.shape == (99, 16)
+    assert model.bert.embeddings_project is not None and model.bert.embeddings_project.in_features == 16
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert model(**batch()).logits.shape == (3, 11, 99)
+
+
+def test_albert_applies_one_shared_layer() -> None:
+    albert = TINY.replace(model_type="albert", embedding_size=16, num_hidden_layers=5)
+    model = BertModel(albert)
+    assert len(model.encoder.layer) == 1
+    assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in BertModel(TINY).parameters())
+
+
+def test_next_sentence_pretraining_is_bert_only() -> None:
+    with pytest.raises(ValueError, match="next-sentence pretraining is BERT's"):
+        BertForPreTraining(ROBERTA)
