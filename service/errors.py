@@ -1,6 +1,6 @@
 """The service's one domain error hierarchy, and the two tables that map it to HTTP and gRPC status codes.
 
-The core (batcher, backends, InferenceService) raises only these; each front door translates them once
+The core (batcher, backends, the engine) raises only these; each front door translates them once
 (anchor: text-embeddings-inference's single error enum mapped per transport). Every message says what the
 caller should change. gRPC codes follow https://grpc.github.io/grpc/core/md_doc_statuscodes.html.
 """
@@ -53,6 +53,36 @@ class PayloadTooLarge(InvalidInput):
     """The request body is larger than the configured limit."""
 
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(InvalidInput):
+    """The request body is not sent as JSON (its Content-Type is not `application/json`; HTTP only)."""
+
+    code = "unsupported_media_type"
+
+
+class HeadersTooLarge(InvalidInput):
+    """The request head (URL and headers; gRPC: metadata) is larger than the server's limit."""
+
+    code = "headers_too_large"
+
+
+class RouteNotFound(InvalidInput):
+    """No route (HTTP) or method (gRPC) has this name."""
+
+    code = "not_found"
+
+
+class MethodNotAllowed(InvalidInput):
+    """The route exists, but not for this HTTP method (HTTP only)."""
+
+    code = "method_not_allowed"
+
+
+class RequestTimeout(ServiceError):
+    """The request's head or body did not arrive within the server's timeout: the connection is closed."""
+
+    code = "request_timeout"
 
 
 class Unauthenticated(ServiceError):
@@ -119,7 +149,12 @@ class Internal(ServiceError):
 HTTP_STATUS: dict[type[ServiceError], int] = {
     InvalidInput: 422,
     InvalidJson: 400,
+    UnsupportedMediaType: 415,
+    HeadersTooLarge: 431,
+    RouteNotFound: 404,
+    MethodNotAllowed: 405,
     PayloadTooLarge: 413,
+    RequestTimeout: 408,
     Unauthenticated: 401,
     Overloaded: 429,
     DeadlineExceeded: 504,
@@ -133,6 +168,9 @@ HTTP_STATUS: dict[type[ServiceError], int] = {
 GRPC_STATUS: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
     PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    HeadersTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    RouteNotFound: grpc.StatusCode.UNIMPLEMENTED,
+    RequestTimeout: grpc.StatusCode.CANCELLED,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -149,6 +187,10 @@ def _lookup(table: dict[type[ServiceError], T], error: ServiceError) -> T:
         if klass in table:
             return table[klass]
     return table[ServiceError]
+
+
+RETRY_AFTER_S = 1
+"""Seconds a 429 / 503 answer (RESOURCE_EXHAUSTED, UNAVAILABLE) asks the caller to wait before retrying."""
 
 
 def http_status(error: ServiceError) -> int:

@@ -55,7 +55,7 @@ class ServiceSettings(BaseSettings):
 
     # ---- network ------------------------------------------------------------------------------
     host: str = Field(default="0.0.0.0", description="Interface both front doors listen on.")
-    http_port: int = Field(default=8000, ge=0, le=65535, description="REST port (0 = any free port).")
+    http_port: int = Field(default=8000, ge=-1, le=65535, description="REST port (0 = any free port, -1 = no REST).")
     grpc_port: int = Field(default=50051, ge=-1, le=65535, description="gRPC port (0 = any free port, -1 = no gRPC).")
 
     # ---- batching -----------------------------------------------------------------------------
@@ -172,12 +172,21 @@ class ServiceSettings(BaseSettings):
     )
 
     # ---- access and observability -------------------------------------------------------------
-    api_key: SecretStr | None = Field(default=None, description="If set, requests need `Authorization: Bearer <key>`.")
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="If set, every route but /health/* and /metrics (and every gRPC method but health) needs "
+        "`Authorization: Bearer <key>` (the scheme in any case); checked before the body is read.",
+    )
+    public_docs: bool = Field(
+        default=False,
+        description="With an API key: serve the API docs (/docs, /redoc, /openapi.json) and the playground page "
+        "without it (the routes they call still need the key).",
+    )
     cors_origins: CommaList = Field(default_factory=list, description="Allowed CORS origins (empty = no CORS).")
     playground: bool = Field(
         default=True,
         description="Serve the playground at / and /playground: a browser page that tries every loaded model "
-        "(it calls the API routes, so with an API key set it asks for the key).",
+        "(with an API key set, the page needs public_docs, and it asks for the key to call the API routes).",
     )
     otlp_endpoint: str | None = Field(default=None, description="OTLP/gRPC endpoint for traces; unset = no tracing.")
     log_level: str = Field(default="info", description="debug, info, warning, error.")
@@ -297,6 +306,8 @@ class ServiceSettings(BaseSettings):
     def _check(self) -> ServiceSettings:
         if not self.models:
             raise ValueError("models is empty: name at least one bundle folder or bundle name")
+        if self.http_port < 0 and self.grpc_port < 0:
+            raise ValueError("http_port and grpc_port are both -1: serve at least one front door")
         if self.batch_window is not None and self.batch_window < self.effective_max_batch_size:
             raise ValueError(
                 f"batch_window ({self.batch_window}) must be at least max_batch_size ({self.effective_max_batch_size})"

@@ -130,7 +130,6 @@ def service_room(module: str) -> str:
     return ".".join(parts[:2])
 
 
-@pytest.mark.xfail(strict=True, reason="the REST app still opens the gRPC front door in its lifespan")
 def test_the_service_rooms_import_downwards_only() -> None:
     offenders = []
     for room, allowed in SERVICE_ROOMS.items():
@@ -141,7 +140,6 @@ def test_the_service_rooms_import_downwards_only() -> None:
     assert offenders == []
 
 
-@pytest.mark.xfail(strict=True, reason="the REST app still opens the gRPC front door in its lifespan")
 def test_the_front_doors_are_siblings() -> None:
     """Neither front door starts the other: `service.serve` starts both over one engine."""
     for door, other in (("service.http_api", "service.grpc_api"), ("service.grpc_api", "service.http_api")):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import bert_model.tasks.defaults as defaults
+
 if TYPE_CHECKING:
     from bert_model.adapters import LoRAConfig
 
@@ -126,11 +128,13 @@ class ClassifyOptions:
 class QAOptions:
     """SQuAD windows and answer decoding."""
 
-    max_seq_length: int = _max_seq_length(384)
-    doc_stride: int = field(default=128, metadata=cli("Context tokens shared by consecutive windows."))
+    max_seq_length: int = _max_seq_length(defaults.QA_MAX_SEQ_LENGTH)
+    doc_stride: int = field(
+        default=defaults.QA_DOC_STRIDE, metadata=cli("Context tokens shared by consecutive windows.")
+    )
     """Context tokens shared by consecutive windows."""
-    max_query_length: int = field(default=64, metadata=cli("Question tokens kept."))
-    max_answer_length: int = field(default=30, metadata=cli("Longest answer in tokens."))
+    max_query_length: int = field(default=defaults.QA_MAX_QUERY_LENGTH, metadata=cli("Question tokens kept."))
+    max_answer_length: int = field(default=defaults.QA_MAX_ANSWER_LENGTH, metadata=cli("Longest answer in tokens."))
     """Longest answer in tokens."""
 
     def __post_init__(self) -> None:
@@ -144,8 +148,8 @@ class QAOptions:
 class NEROptions:
     """CoNLL columns, windows and labels."""
 
-    max_seq_length: int = _max_seq_length(128)
-    stride: int = field(default=32, metadata=cli("Tokens shared by windows of long sentences."))
+    max_seq_length: int = _max_seq_length(defaults.NER_MAX_SEQ_LENGTH)
+    stride: int = field(default=defaults.NER_STRIDE, metadata=cli("Tokens shared by windows of long sentences."))
     """Tokens shared by consecutive windows of a long sentence."""
     tag_column: int = field(default=-1, metadata=cli("Column of the NER tag (negative counts from the end)."))
     scheme: str = field(default="auto", metadata=cli("Tag scheme of the files: auto, iob1, iob2."))

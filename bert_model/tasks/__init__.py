@@ -26,9 +26,9 @@ from bert_model.tasks.classification import (
     default_score_function,
     predicted_label_ids,
 )
+from bert_model.tasks.defaults import AGGREGATION_STRATEGIES
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import (
-    AGGREGATION_STRATEGIES,
     Entity,
     NERFeature,
     align_labels,

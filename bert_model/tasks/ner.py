@@ -25,19 +25,19 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypedDict
+from typing import TypedDict
 
 import numpy as np
 from tokenizers import Encoding
 
+import bert_model.tasks.defaults as defaults
+from bert_model.tasks.defaults import AGGREGATION_STRATEGIES, AggregationStrategy
 from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
 from bert_model.tasks.numeric import softmax
 from bert_model.tasks.windows import NER_SPECIAL_TOKENS, token_windows, window_count
 from bert_model.tokenization import BertTokenizer
 
 IGNORE_INDEX = -100
-AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
-AGGREGATION_STRATEGIES: tuple[str, ...] = ("none", "simple", "first", "average", "max")
 NO_OFFSET = (0, 0)
 
 
@@ -136,7 +136,11 @@ class NERInputs:
 
 
 def build_ner_features(
-    tokenizer: BertTokenizer, texts: Sequence[str], *, max_seq_length: int = 128, stride: int = 32
+    tokenizer: BertTokenizer,
+    texts: Sequence[str],
+    *,
+    max_seq_length: int = defaults.NER_MAX_SEQ_LENGTH,
+    stride: int = defaults.NER_STRIDE,
 ) -> list[NERFeature]:
     """Windows of raw texts, words = the pre-tokenizer's words; `request_index` = the text's index."""
     return ner_window_features(
@@ -145,7 +149,11 @@ def build_ner_features(
 
 
 def encode_ner_texts(
-    tokenizer: BertTokenizer, texts: Sequence[str], *, max_seq_length: int = 128, stride: int = 32
+    tokenizer: BertTokenizer,
+    texts: Sequence[str],
+    *,
+    max_seq_length: int = defaults.NER_MAX_SEQ_LENGTH,
+    stride: int = defaults.NER_STRIDE,
 ) -> NERInputs:
     """Tokenize every text once, for `ner_window_features` (the window settings are checked here)."""
     if isinstance(texts, str):
@@ -175,8 +183,8 @@ def build_ner_word_features(
     tokenizer: BertTokenizer,
     sentences: Sequence[Sequence[str]],
     *,
-    max_seq_length: int = 128,
-    stride: int = 32,
+    max_seq_length: int = defaults.NER_MAX_SEQ_LENGTH,
+    stride: int = defaults.NER_STRIDE,
 ) -> list[NERFeature]:
     """Windows of pre-split sentences (CoNLL words): text = words joined by spaces, word ids = word positions."""
     features: list[NERFeature] = []
@@ -317,7 +325,7 @@ def ner_postprocess(
     logits: OutputRows,
     labels: Sequence[str],
     *,
-    aggregation_strategy: AggregationStrategy = "simple",
+    aggregation_strategy: AggregationStrategy = defaults.NER_AGGREGATION,
     ignore_labels: Sequence[str] = ("O",),
 ) -> dict[int, list[Entity]]:
     """Per request index: the entities of the text `[{entity_group, score, word, start, end}]`, in text order."""
@@ -340,7 +348,7 @@ class _Piece:
 def group_entities(
     tokens: TokenPredictions,
     labels: Sequence[str],
-    strategy: AggregationStrategy = "simple",
+    strategy: AggregationStrategy = defaults.NER_AGGREGATION,
     ignore_labels: Sequence[str] = ("O",),
 ) -> list[Entity]:
     """Entities of one text from its token probabilities (see the module docstring for the strategies)."""

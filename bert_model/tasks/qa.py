@@ -25,6 +25,7 @@ from typing import TypedDict
 import numpy as np
 from tokenizers import Encoding
 
+import bert_model.tasks.defaults as defaults
 from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
 from bert_model.tasks.numeric import log_softmax
 from bert_model.tasks.windows import QA_SPECIAL_TOKENS, token_windows, window_count
@@ -74,15 +75,15 @@ class QAPrediction:
 
 @dataclass(frozen=True)
 class QASettings:
-    """Window and decoding options (defaults from Devlin et al. and Hugging Face's run_qa.py)."""
+    """Window and decoding options (`bert_model.tasks.defaults`)."""
 
-    max_seq_length: int = 384
+    max_seq_length: int = defaults.QA_MAX_SEQ_LENGTH
     """Tokens per window, specials included."""
-    doc_stride: int = 128
+    doc_stride: int = defaults.QA_DOC_STRIDE
     """Context tokens shared by consecutive windows."""
-    max_query_length: int = 64
+    max_query_length: int = defaults.QA_MAX_QUERY_LENGTH
     """Question tokens kept (longer questions are cut)."""
-    max_answer_length: int = 30
+    max_answer_length: int = defaults.QA_MAX_ANSWER_LENGTH
     """Longest answer span, in tokens."""
 
     def __post_init__(self) -> None:
@@ -129,9 +130,9 @@ def build_qa_features(
     questions: Sequence[str],
     contexts: Sequence[str],
     *,
-    max_seq_length: int = 384,
-    doc_stride: int = 128,
-    max_query_length: int = 64,
+    max_seq_length: int = defaults.QA_MAX_SEQ_LENGTH,
+    doc_stride: int = defaults.QA_DOC_STRIDE,
+    max_query_length: int = defaults.QA_MAX_QUERY_LENGTH,
 ) -> list[QAFeature]:
     """One or more windows per (question, context), in input order; `request_index` = the pair's index."""
     inputs = encode_qa_inputs(
@@ -150,9 +151,9 @@ def encode_qa_inputs(
     questions: Sequence[str],
     contexts: Sequence[str],
     *,
-    max_seq_length: int = 384,
-    doc_stride: int = 128,
-    max_query_length: int = 64,
+    max_seq_length: int = defaults.QA_MAX_SEQ_LENGTH,
+    doc_stride: int = defaults.QA_DOC_STRIDE,
+    max_query_length: int = defaults.QA_MAX_QUERY_LENGTH,
 ) -> QAInputs:
     """Tokenize every question (cut to `max_query_length` tokens) and context once, for `qa_window_features`."""
     settings = QASettings(max_seq_length, doc_stride, max_query_length)
@@ -250,8 +251,8 @@ def qa_predictions(
     start_logits: OutputRows,
     end_logits: OutputRows,
     *,
-    top_k: int = 1,
-    max_answer_length: int = 30,
+    top_k: int = defaults.QA_TOP_K,
+    max_answer_length: int = defaults.QA_MAX_ANSWER_LENGTH,
     null_threshold: float | None = None,
 ) -> dict[int, QAPrediction]:
     """Per request index: the best answers over all its windows, and its no-answer margin.
@@ -277,8 +278,8 @@ def qa_postprocess(
     start_logits: OutputRows,
     end_logits: OutputRows,
     *,
-    top_k: int = 1,
-    max_answer_length: int = 30,
+    top_k: int = defaults.QA_TOP_K,
+    max_answer_length: int = defaults.QA_MAX_ANSWER_LENGTH,
     null_threshold: float | None = None,
 ) -> dict[int, list[Answer]]:
     """Per request index: up to `top_k` answers `[{answer, score, start, end}]`, best first."""

@@ -56,7 +56,8 @@ def build_settings(overrides: dict[str, Any]) -> ServiceSettings:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors())
         raise ValueError(problems) from None
     find_bundles(settings.models, settings.bundles_dir)
-    ensure_port_free(settings.host, settings.http_port, "--http-port")
+    if settings.http_port >= 0:
+        ensure_port_free(settings.host, settings.http_port, "--http-port")
     if settings.grpc_port >= 0:
         ensure_port_free(settings.host, settings.grpc_port, "--grpc-port")
     return settings

@@ -222,7 +222,7 @@ WINDOWED = ("qa", "ner")
 """Tasks whose inputs need one model row per window of the model's length (the others: one row per input)."""
 QUEUE_REFUSAL = re.compile(r"needs (\d+) (?:sequences|windows)\b.*?queue holds \((\d+)\b")
 """The server's refusal of a request that needs more model rows than the model's queue holds
-(`service.engine.admission.QueueReservations`, `service.engine.pipelines`' window plans): the rows
+(`service.engine.batcher.Batcher.reserve`, `service.engine.pipelines`' window plans): the rows
 (sequences, or windows of a QA / NER request) the request needs, and the queue's size."""
 ESTIMATE_CHARS_PER_TOKEN = 3
 """Characters per token when the server does not say how many windows a request needs: fewer than English text

@@ -33,6 +33,8 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 
+import bert_model.tasks.defaults as defaults
+
 PIPELINE_TASKS = {"classify": "text-classification", "ner": "token-classification"}
 TASKS = ("classify", "qa", "ner", "embed")
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -96,7 +98,12 @@ class NaiveQA:
     """Question + context -> the best answer span, written by hand over `transformers` (no QA pipeline in v5)."""
 
     def __init__(
-        self, folder: str, max_length: int = 384, stride: int = 128, n_best: int = 20, max_answer_len: int = 15
+        self,
+        folder: str,
+        max_length: int = defaults.QA_MAX_SEQ_LENGTH,
+        stride: int = defaults.QA_DOC_STRIDE,
+        n_best: int = 20,
+        max_answer_len: int = defaults.QA_MAX_ANSWER_LENGTH,
     ) -> None:
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 

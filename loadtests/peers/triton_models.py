@@ -45,7 +45,7 @@ from bert_model.tasks.embeddings import embedding_postprocess
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import build_ner_features, ner_postprocess
 from bert_model.tasks.qa import build_qa_features, qa_postprocess
-from bert_model.tasks.windows import fit_ner_window, fit_qa_window
+from bert_model.tasks.windows import ner_windows, qa_windows
 from bert_model.tokenization import BertTokenizer
 from bundles.runtimes import RuntimeSettings, open_variant
 from bundles.spec import TOKENIZER_DIR, BundleManifest
@@ -86,10 +86,8 @@ class TaskCode:
     def __init__(self, task: str, manifest: BundleManifest, tokenizer: BertTokenizer) -> None:
         self.task, self.manifest, self.tokenizer = task, manifest, tokenizer
         settings, capacity = manifest.task_settings, manifest.max_seq_length
-        stored = settings.get("max_seq_length")
-        self.qa = fit_qa_window(capacity, settings.get("max_query_length", 64), settings.get("doc_stride", 128), stored)
-        self.max_answer_length = int(settings.get("max_answer_length", 15))
-        self.ner = fit_ner_window(capacity, settings.get("stride", 32), stored)
+        self.qa = qa_windows(settings, capacity) if task == "qa" else None
+        self.ner = ner_windows(settings, capacity) if task == "ner" else None
         self.score_function = default_score_function(settings.get("problem_type"), len(manifest.labels) or 1)
 
     def features(self, body: dict[str, Any], route: str) -> tuple[int, list[Feature]]:
@@ -97,6 +95,7 @@ class TaskCode:
         if self.task == "qa":
             questions, contexts = [body["question"]], [body["context"]]
             window = self.qa
+            assert window is not None
             return 1, list(
                 build_qa_features(
                     self.tokenizer, questions, contexts, max_seq_length=window.max_seq_length,
@@ -105,6 +104,7 @@ class TaskCode:
             )  # fmt: skip
         if self.task == "ner":
             texts = _texts(body["inputs"])
+            assert self.ner is not None
             length, stride = self.ner
             return len(texts), list(build_ner_features(self.tokenizer, texts, max_seq_length=length, stride=stride))
         texts = _texts(body["input"] if route == "/v1/embeddings" else body["inputs"])
@@ -119,7 +119,8 @@ class TaskCode:
             )
         elif self.task == "qa":
             starts, ends = [row["start_logits"] for row in rows], [row["end_logits"] for row in rows]
-            found = qa_postprocess(features, starts, ends, max_answer_length=self.max_answer_length)  # type: ignore[arg-type]
+            assert self.qa is not None
+            found = qa_postprocess(features, starts, ends, max_answer_length=self.qa.max_answer_length)  # type: ignore[arg-type]
         elif self.task == "ner":
             found = ner_postprocess(features, [row["logits"] for row in rows], self.manifest.labels)  # type: ignore[arg-type]
         else:

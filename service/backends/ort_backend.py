@@ -60,10 +60,8 @@ async def start_fastest_cpu_variant(
 
 OPENVINO_WIDTH_MULTIPLE = 16
 """Batch width multiple OpenVINO variants prefer: its CPU kernels run a width that is a multiple of 16 faster than
-the widths just below it on some CPUs (1.09-1.14x on batches of real SST-2 sentences on an Intel Xeon with AMX,
-about even on QA windows: `python -m bertserve.benchmarks.widths`, docs/benchmarks.md "Batch widths"). The service
-keeps it only where warm-up measures rounded batches no slower on this CPU (`service.engine.call_cost`). ONNX Runtime's
-CPU kernels pay for every padded column, so its variants pad to the longest row."""
+the widths just below it on some CPUs (`python -m bertserve.benchmarks.widths`, docs/benchmarks.md "Batch
+widths"). ONNX Runtime's CPU kernels pay for every padded column, so its variants pad to the longest row."""
 
 
 class OrtBackend:

@@ -9,9 +9,8 @@
   event loop, so the counts are plain integers touched only from that loop.
 - `BoundedExecutor`: the worker threads that tokenize and post-process large requests, with a bounded queue: a job
   beyond it is refused at once (`Overloaded`) instead of waiting in the unbounded queue of `asyncio.to_thread`.
-- `QueueReservations`: a request's model rows are judged against its model's batcher queue as soon as they are
-  counted (before the features are built) and hold their place until they are queued, so that requests being
-  tokenized at the same time are never accepted for more rows than the queue holds.
+- `bearer_matches`: the API key, checked by both front doors before a request's body is read.
+A request's model rows are then admitted once, by its model's queue (`service.engine.batcher.Batcher.reserve`).
 
 Reference: text-embeddings-inference's router takes an admission permit before it tokenizes.
 """
@@ -20,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from service.engine.batcher import Batcher
-from service.errors import InvalidInput, Overloaded
+from service.errors import Overloaded
 from service.operations.metrics import ServiceMetrics
 from service.operations.threads import BULK_NICE, TOKENIZE, thread_setup
 
@@ -166,38 +164,14 @@ class BoundedExecutor:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-class QueueReservations:
-    """Model rows counted but not queued yet, per model (keyed by the loaded models' names only)."""
-
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self._metrics = metrics
-        self._held: dict[str, int] = {}
-
-    def held(self, model: str) -> int:
-        return self._held.get(model, 0)
-
-    def check(self, queue: Batcher, sequences: int) -> None:
-        """Raise Overloaded if `sequences` more rows would not fit beside the queued and reserved ones, and
-        InvalidInput if they would not fit even into an empty queue."""
-        if sequences > queue.config.max_queue:
-            raise InvalidInput(
-                f"the request needs {sequences} sequences, more than this model's queue holds "
-                f"({queue.config.max_queue}); send fewer or shorter inputs"
-            )
-        waiting = queue.queue_depth + self.held(queue.model)
-        if waiting + sequences > queue.config.max_queue:
-            self._metrics.rejected(queue.model, "queue_full")
-            raise Overloaded(f"model {queue.model!r} is at capacity ({waiting} sequences queued); retry later")
-
-    @contextmanager
-    def reserve(self, queue: Batcher, sequences: int) -> Iterator[None]:
-        """Check, then hold `sequences` rows of the queue until the block ends (the rows are queued right after)."""
-        self.check(queue, sequences)
-        self._held[queue.model] = self.held(queue.model) + sequences
-        try:
-            yield
-        finally:
-            self._held[queue.model] -= sequences
+def bearer_matches(header: bytes | str | None, key: bytes) -> bool:
+    """Whether an `Authorization` header (HTTP) or metadata value (gRPC) carries `Bearer <key>`. The scheme is
+    case-insensitive (RFC 9110 section 11.1) on both front doors, and the key is compared in constant time."""
+    if header is None:
+        return False
+    value = header.encode("latin-1", "replace") if isinstance(header, str) else header
+    scheme, _, credentials = value.strip().partition(b" ")
+    return scheme.lower() == b"bearer" and secrets.compare_digest(credentials.strip(), key)
 
 
-__all__ = ["BoundedExecutor", "Door", "QueueReservations", "Ticket"]
+__all__ = ["BoundedExecutor", "Door", "Ticket", "bearer_matches"]

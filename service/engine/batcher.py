@@ -305,6 +305,28 @@ def _is_long(batch: list[_Item]) -> bool:
     return not all(item.request.short for item in batch)
 
 
+class Reservation:
+    """Rows of a model's queue held for one request between its admission (`Batcher.reserve`) and the moment its
+    features are queued; released once, by `Batcher.submit` or when the request ends before (a context manager)."""
+
+    __slots__ = ("_batcher", "rows")
+
+    def __init__(self, batcher: Batcher, rows: int) -> None:
+        self._batcher: Batcher | None = batcher
+        self.rows = rows
+
+    def release(self) -> None:
+        if self._batcher is not None:
+            self._batcher._release(self.rows)
+            self._batcher = None
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+
 class Batcher:
     """Per-model request queue and batch loop; `submit()` is safe to call from any coroutine on the loop.
 
@@ -344,6 +366,7 @@ class Batcher:
         self._arrivals = 0
         self._virtual = 0  # fair order's virtual time: the tag new requests start from (`_Item.tag`)
         self._in_flight = 0
+        self._reserved = 0  # rows admitted by `reserve` and not queued yet
         self._wakeup: asyncio.Event | None = None
         self._event_loop: asyncio.AbstractEventLoop | None = None
         """The loop `start` ran on, which the batch loop and every request's future belong to."""
@@ -375,7 +398,8 @@ class Batcher:
             self._loop_task.add_done_callback(self._loop_ended)
 
     async def close(self) -> None:
-        """Stop taking requests, finish running batches, fail what still waits."""
+        """Stop taking requests, answer what still waits (NotReady: 503 / UNAVAILABLE, retry elsewhere) at once,
+        then let the running batches finish and answer theirs."""
         self._closed = True
         if self._wakeup is not None:
             self._wakeup.set()
@@ -384,12 +408,12 @@ class Batcher:
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
+        waiting, self._pending = self._pending, []
+        for item in waiting:
+            if not item.request.dead:
+                item.request.future.set_exception(NotReady("the server is shutting down; retry"))
         if self._batch_tasks:
             await asyncio.gather(*self._batch_tasks, return_exceptions=True)
-        for item in self._pending:
-            if not item.request.dead:
-                item.request.future.set_exception(NotReady("the server shut down before this request ran; retry"))
-        self._pending.clear()
 
     def _loop_ended(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or (self._closed and task.exception() is None):
@@ -433,35 +457,49 @@ class Batcher:
         """Features waiting for a batch (passthrough: features in flight)."""
         return len(self._pending) if not self.config.passthrough else self._in_flight
 
-    # ---- submission -------------------------------------------------------------------------------
-    def admit(self, sequences: int) -> None:
-        """Raise Overloaded now if at least `sequences` more would not fit, ModelFailed if the model has failed
-        (checked before tokenizing)."""
-        if self.failure is not None:
-            raise self._failed_error()
-        if self.queue_depth + sequences > self.config.max_queue >= sequences:
-            self._notify_rejected("queue_full")
-            raise Overloaded(f"model {self.model!r} is at capacity ({self.queue_depth} sequences queued); retry later")
-
-    async def submit(self, features: Sequence[Encoded], deadline: float) -> BatchResult:
-        """Queue `features` and wait for their outputs; raises Overloaded / DeadlineExceeded / BackendError.
-
-        `deadline` is in `time.perf_counter()` seconds (uvloop's loop clock has only millisecond steps).
-        """
+    # ---- admission and submission ----------------------------------------------------------------
+    def reserve(self, rows: int, too_large: Callable[[int], str | None] | None = None) -> Reservation:
+        """Admit a request of `rows` model rows to this model's queue: its one capacity rule. The rows hold their
+        place (beside the queued ones) until `submit` queues the request's features in it, or the reservation is
+        released. Raises InvalidInput when the request could never fit (`too_large(max_queue)` says how to split
+        it), Overloaded when the queue is full now, ModelFailed / NotReady when the model takes no requests."""
         if self.failure is not None:
             raise self._failed_error()
         if self._closed or self._wakeup is None:
             raise NotReady("the server is shutting down (or not started): this model takes no requests")
+        limit = self.config.max_queue
+        if rows > limit:
+            message = too_large(limit) if too_large is not None else None
+            raise InvalidInput(
+                message
+                or f"the request needs {rows} sequences, more than this model's queue holds ({limit}); send fewer "
+                "or shorter inputs"
+            )
+        waiting = self.queue_depth + self._reserved
+        if waiting + rows > limit:
+            self._notify_rejected("queue_full")
+            raise Overloaded(f"model {self.model!r} is at capacity ({waiting} sequences queued); retry later")
+        self._reserved += rows
+        return Reservation(self, rows)
+
+    def _release(self, rows: int) -> None:
+        self._reserved -= rows
+
+    async def submit(
+        self, features: Sequence[Encoded], deadline: float, reservation: Reservation | None = None
+    ) -> BatchResult:
+        """Queue `features` in the place `reservation` holds (without one, reserve it now) and wait for their
+        outputs; raises Overloaded / DeadlineExceeded / BackendError.
+
+        `deadline` is in `time.perf_counter()` seconds (uvloop's loop clock has only millisecond steps).
+        """
+        if reservation is None:
+            reservation = self.reserve(len(features))
+        reservation.release()  # the features take its place, with no await in between
+        if self.failure is not None:
+            raise self._failed_error()
         if not features:
             raise InvalidInput("nothing to run: the request produced no token sequences")
-        if len(features) > self.config.max_queue:
-            raise InvalidInput(
-                f"the request needs {len(features)} sequences, more than this model's queue holds "
-                f"({self.config.max_queue}); send fewer or shorter inputs"
-            )
-        if self.queue_depth + len(features) > self.config.max_queue:
-            self._notify_rejected("queue_full")
-            raise Overloaded(f"model {self.model!r} is at capacity ({self.queue_depth} sequences queued); retry later")
         loop = self._event_loop
         assert loop is not None
         now = time.perf_counter()

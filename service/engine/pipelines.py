@@ -7,7 +7,8 @@ start, end}]`, fill-mask -> per mask `[{score, token, token_str, sequence}]`; em
 (the vector, and the tokens read, which OpenAI's `usage` counts).
 Errors of the task layer caused by the input (ValueError / TypeError) become `InvalidInput`.
 
-The requests are `service.engine.inputs`; QA and NER windows follow the model's own settings (`service.engine.windows`).
+The requests are `service.engine.inputs`; QA and NER windows follow the model's own settings
+(`bert_model.tasks.windows`).
 Classification scores follow the model's `problem_type` (manifest `task_settings`) as Hugging Face's pipeline
 does: softmax for single-label heads, sigmoids for multi-label ones (and a single output), the raw values of a
 regression head; a request's `function_to_apply` overrides.
@@ -27,11 +28,9 @@ from bert_model.tasks.classification import (
     build_classification_features,
     classification_postprocess,
     default_score_function,
-    feature_row_1d,
-    label_scores,
 )
 from bert_model.tasks.embeddings import POOLING_MODES, embedding_postprocess
-from bert_model.tasks.features import Feature, check_aligned
+from bert_model.tasks.features import Feature
 from bert_model.tasks.fill_mask import (
     DEFAULT_MASK_TOKEN,
     build_fill_mask_features,
@@ -41,14 +40,17 @@ from bert_model.tasks.fill_mask import (
 )
 from bert_model.tasks.ner import NERInputs, encode_ner_texts, ner_postprocess, ner_window_features
 from bert_model.tasks.qa import QAInputs, encode_qa_inputs, qa_postprocess, qa_window_features
+from bert_model.tasks.windows import ner_windows, qa_windows
 from bert_model.tokenization import InputTooLongError
 from bundles.serving import ServingBundle
-from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
-from service.engine.windows import ner_windows, qa_windows
+from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, TaskInput
 from service.errors import BackendError, InputTooLong, InvalidInput
 
 WARMUP_TEXTS: tuple[str, ...] = ("warm up the model", "a second, somewhat longer warm-up sentence " * 4)
 """What the single-text pipelines run at load: a short and a longer text, two sequence lengths."""
+
+NO_ANSWER = {"answer": "", "score": 0.0, "start": 0, "end": 0}
+"""QA's empty answer (SQuAD 2.0's no-answer, and the answer of a context without a span to read)."""
 
 FILL_MASK_MAX_FILLS = 1000
 """Most fills one fill-mask request may ask for (its masks, over all its texts, x top_k or the targets if fewer),
@@ -96,10 +98,6 @@ class Plan:
         )
 
 
-PostprocessItem = tuple[Any, Sequence[Feature], list[dict[str, np.ndarray]]]
-"""`(request, features, outputs)`: what `Pipeline.postprocess` turns into a request's answers."""
-
-
 class Pipeline:
     """Task logic for one bundle: features out of an input, results out of output rows.
 
@@ -143,18 +141,6 @@ class Pipeline:
         with _input_errors():
             return self._build(plan)
 
-    def build_many(self, plans: Sequence[Plan]) -> list[list[Feature] | Exception]:
-        """The features of several planned requests, in order; where a request's input fails, the exception it
-        raised (`build` would raise it) in its place. One `build` per request here; tasks whose features one
-        tokenizer call can build together override it."""
-        built: list[list[Feature] | Exception] = []
-        for plan in plans:
-            try:
-                built.append(self.build(plan))
-            except Exception as error:
-                built.append(error)
-        return built
-
     def _plan(self, request: Any) -> Plan:
         return Plan(request, self.count(request))
 
@@ -166,19 +152,11 @@ class Pipeline:
             by_index = self._postprocess(request, features, outputs)
         except (ValueError, TypeError) as error:  # outputs that do not fit the features: not the caller's fault
             raise BackendError(f"post-processing failed: {error}") from error
-        return [by_index.get(index, []) for index in range(self.count(request))]
+        return [by_index.get(index) or self.no_result() for index in range(self.count(request))]
 
-    def postprocess_many(self, items: Sequence[PostprocessItem]) -> list[list[Any] | Exception]:
-        """The answers of several requests, in order; where a request's post-processing fails, the exception it
-        raised (`postprocess` would raise it) in its place. One `postprocess` per request here; tasks that can
-        post-process many requests' outputs together override it."""
-        answers: list[list[Any] | Exception] = []
-        for request, features, outputs in items:
-            try:
-                answers.append(self.postprocess(request, features, outputs))
-            except Exception as error:
-                answers.append(error)
-        return answers
+    def no_result(self) -> list[Any]:
+        """The result of an input that yields nothing (no token to read): none."""
+        return []
 
     def _features(self, request: Any) -> list[Feature]:
         raise NotImplementedError
@@ -189,13 +167,18 @@ class Pipeline:
     def count(self, request: Any) -> int:
         raise NotImplementedError
 
+    def size(self, request: TaskInput) -> int:
+        """The size of a request's tokenization and post-processing, in characters: whether the engine does them
+        on the event loop (small) or on a worker thread (large)."""
+        return request.characters()
+
     def warmup_input(self) -> Any:
         raise NotImplementedError
 
     def filler_batch(self, rows: int, width: int | None = None) -> list[Feature]:
         """`rows` features of `width` tokens (default the longest window this pipeline builds), `[CLS] the the ...
         [SEP]`: warm-up batches of a given shape (the largest, after which the runtime's memory is at its working
-        size; the probes of `service.engine.call_cost`)."""
+        size)."""
         width = self.max_seq_length if width is None else width
         filler = self.tokenizer.token_to_id("the") or self.tokenizer.cls_id
         ids = [self.tokenizer.cls_id] + [filler] * (width - 2) + [self.tokenizer.sep_id]
@@ -240,75 +223,10 @@ class ClassifyPipeline(Pipeline):
             )
         )
 
-    def build_many(self, plans: Sequence[Plan]) -> list[list[Feature] | Exception]:
-        """Requests that truncate, texts alone or pairs alone, in one `encode_batch` each (a tokenizer encodes
-        each input on its own, so the features are those of one call per request); the rest one by one."""
-        built: list[list[Feature] | Exception | None] = [None] * len(plans)
-        groups: dict[bool, list[int]] = {}
-        for index, plan in enumerate(plans):
-            request: ClassifyInput = plan.request
-            if request.truncate is False:
-                continue
-            groups.setdefault(request.pairs is not None, []).append(index)
-        for paired, indices in groups.items():
-            if len(indices) < 2:
-                continue
-            requests: list[ClassifyInput] = [plans[index].request for index in indices]
-            texts = [text for request in requests for text in request.texts]
-            pairs = [pair for request in requests for pair in request.pairs or ()] if paired else None
-            try:
-                features = self.build(Plan(ClassifyInput(texts=texts, pairs=pairs, truncate=True), len(texts)))
-            except Exception:  # one input failed: each request on its own below, to fail that one only
-                continue
-            start = 0
-            for index, request in zip(indices, requests, strict=True):
-                own = features[start : start + len(request.texts)]
-                for position, feature in enumerate(own):
-                    feature.request_index = position
-                built[index] = own
-                start += len(request.texts)
-        rest = [index for index, outcome in enumerate(built) if outcome is None]
-        for index, outcome in zip(rest, super().build_many([plans[index] for index in rest]), strict=True):
-            built[index] = outcome
-        return [outcome for outcome in built if outcome is not None]
-
     def _postprocess(self, request: ClassifyInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
         logits = [output["logits"] for output in outputs]
         function = request.function_to_apply or self.score_function
         return classification_postprocess(features, logits, self.labels, top_k=request.top_k, function=function)
-
-    def postprocess_many(self, items: Sequence[PostprocessItem]) -> list[list[Any] | Exception]:
-        """Requests with the same score function and top_k whose features are their inputs in order (as `build`
-        makes them), ranked in one `label_scores` call: each row's answer is the one it gets alone. The rest, and
-        a group whose outputs do not fit, one by one (so that an error stays with its request)."""
-        answers: list[list[Any] | Exception | None] = [None] * len(items)
-        groups: dict[tuple[str, int | None], list[int]] = {}
-        for index, (request, features, _) in enumerate(items):
-            if [feature.request_index for feature in features] == list(range(len(request.texts))):
-                groups.setdefault((request.function_to_apply or self.score_function, request.top_k), []).append(index)
-        for (function, top_k), indices in groups.items():
-            if len(indices) < 2:
-                continue
-            try:
-                logits: list[np.ndarray] = []
-                for index in indices:
-                    _, features, outputs = items[index]
-                    request_logits = [output["logits"] for output in outputs]
-                    check_aligned(features, request_logits, "logits")
-                    logits += request_logits
-                rows = np.stack([feature_row_1d(row, len(self.labels)) for row in logits])
-                ranked = label_scores(rows, self.labels, top_k=top_k, function=function)  # type: ignore[arg-type]
-            except (ValueError, TypeError, KeyError):
-                continue
-            start = 0
-            for index in indices:
-                count = len(items[index][1])
-                answers[index] = ranked[start : start + count]
-                start += count
-        rest = [index for index, answer in enumerate(answers) if answer is None]
-        for index, answer in zip(rest, super().postprocess_many([items[index] for index in rest]), strict=True):
-            answers[index] = answer
-        return [answer for answer in answers if answer is not None]
 
     def count(self, request: ClassifyInput) -> int:
         return len(request.texts)
@@ -371,6 +289,10 @@ class QAPipeline(Pipeline):
 
     def count(self, request: QAInput) -> int:
         return len(request.questions)
+
+    def no_result(self) -> list[Any]:
+        """A context without a span to read answers the empty answer, over both front doors."""
+        return [dict(NO_ANSWER)]
 
     def warmup_input(self) -> QAInput:
         context = "The service warms up every model once before it reports ready. " * 20
@@ -525,6 +447,14 @@ class FillMaskPipeline(Pipeline):
 
     def count(self, request: FillMaskInput) -> int:
         return len(request.texts)
+
+    def size(self, request: TaskInput) -> int:
+        """What a fill-mask request sends, and what its answer will hold (each fill is its text decoded again), so
+        that a request asking for many fills of a short text is post-processed off the event loop."""
+        assert isinstance(request, FillMaskInput)
+        fills = min(request.top_k, len(request.targets) if request.targets is not None else request.top_k)
+        mask = self.mask_token
+        return request.characters() + sum(len(text) * fills * max(text.count(mask), 1) for text in request.texts)
 
     def warmup_input(self) -> FillMaskInput:
         return FillMaskInput(texts=[f"The service warms up every {self.mask_token} before it reports ready."])

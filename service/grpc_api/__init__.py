@@ -1,1 +1,1 @@
-"""The gRPC front door (grpc.aio): bert.v1 servicers over the shared InferenceService, health, reflection."""
+"""The gRPC front door (grpc.aio): bert.v1 servicers over the engine, health, reflection."""

@@ -1,7 +1,8 @@
-"""The grpc.aio server: bert.v1 servicers, standard grpc.health.v1 health, server reflection, API-key check.
+"""The gRPC front door: bert.v1 servicers, standard grpc.health.v1 health, server reflection, API-key check.
 
-Health reports NOT_SERVING until models are loaded and warmed up, again from the start of shutdown, and from the
-moment the server fails for good (the lifespan's failure hook; the process then drains and exits 1).
+`service.serve` opens it over the engine once the models are loaded, beside the REST front door. Health reports
+SERVING from then on, NOT_SERVING from the start of the drain and from the moment the server fails for good (the
+process then drains and exits 1).
 Health and reflection stay public when an API key is set. Message size is capped like the HTTP body.
 Every other RPC is counted in the service's door (shared with REST): among the RPCs receiving from its arrival,
 among those at work once its message is in; beyond either bound it ends at once with RESOURCE_EXHAUSTED, and one
@@ -13,8 +14,8 @@ https://grpc.github.io/grpc/python/grpc_asyncio.html
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,8 +23,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from service.engine.admission import Door, Ticket
-from service.engine.engine import InferenceService
+from service.engine.admission import Door, Ticket, bearer_matches
+from service.engine.engine import Engine
 from service.errors import InvalidInput, ServiceError, Unauthenticated
 from service.grpc_api.servicers import (
     ClassifierServicer,
@@ -49,10 +50,11 @@ METADATA_LIMIT_BYTES = 16 * 1024
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """UNAUTHENTICATED unless `authorization: Bearer <key>` is sent (health and reflection stay public)."""
+    """UNAUTHENTICATED unless `authorization: Bearer <key>` is sent, the scheme in any case (health and reflection
+    stay public); decided from the metadata, before the message is read."""
 
     def __init__(self, key: str) -> None:
-        self._expected = f"Bearer {key}".encode()
+        self._key = key.encode()
 
         async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
             await abort(context, Unauthenticated("missing or wrong API key: send authorization: Bearer <key>"))
@@ -68,9 +70,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         if method.startswith(PUBLIC_PREFIXES):
             return await continuation(handler_call_details)
         metadata = dict(handler_call_details.invocation_metadata or ())
-        given = metadata.get("authorization", "")
-        given_bytes = given.encode() if isinstance(given, str) else bytes(given)
-        if secrets.compare_digest(given_bytes, self._expected):
+        if bearer_matches(metadata.get("authorization"), self._key):
             return await continuation(handler_call_details)
         return self._deny
 
@@ -126,7 +126,10 @@ class AdmissionInterceptor(grpc.aio.ServerInterceptor):
                 await abort(context, InvalidInput("the call ended without a request message"))
             if not ticket.admit():
                 await abort(context, door.refusal())
-            return await behaviour(request, context)
+            try:
+                return await behaviour(request, context)
+            finally:
+                ticket.close()  # before grpc sends the answer: the caller's next call must find the place free
 
         return grpc.stream_unary_rpc_method_handler(
             receive_then_run,
@@ -155,8 +158,8 @@ def connection_age_options(settings: ServiceSettings) -> list[tuple[str, int]]:
 
 
 class GrpcFrontDoor:
-    """A started gRPC server over the shared service: opened once the models are ready, so its health starts at
-    SERVING; NOT_SERVING from the drain or a failure on."""
+    """A started gRPC server over the engine: opened once the models are ready, so its health starts at SERVING;
+    NOT_SERVING from the drain or a failure on."""
 
     def __init__(self, server: grpc.aio.Server, health_servicer: Any, port: int) -> None:
         self.server = server
@@ -164,15 +167,16 @@ class GrpcFrontDoor:
         self.port = port
 
     @classmethod
-    async def start(cls, service: InferenceService, settings: ServiceSettings) -> GrpcFrontDoor:
+    async def start(cls, engine: Engine, settings: ServiceSettings) -> GrpcFrontDoor:
         admission = AdmissionInterceptor(
-            service.door,
+            engine.door,
             settings.body_timeout_s,
-            on_timeout=lambda: service.metrics.slow_clients.labels("grpc", "body").inc(),
+            on_timeout=lambda: engine.metrics.slow_clients.labels("grpc", "body").inc(),
         )
-        interceptors: list[grpc.aio.ServerInterceptor] = [admission]  # first: counted from arrival
-        if settings.api_key:
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if settings.api_key:  # first: a call without the key is refused before it is counted or read
             interceptors.append(ApiKeyInterceptor(settings.api_key.get_secret_value()))
+        interceptors.append(admission)
         options = [
             ("grpc.max_receive_message_length", settings.max_body_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -188,12 +192,12 @@ class GrpcFrontDoor:
         server = grpc.aio.server(interceptors=interceptors, options=options)
         server.add_generic_rpc_handlers(
             (
-                _handlers("Classifier", {"Classify": ClassifierServicer(service).Classify}),
-                _handlers("QA", {"Extract": QAServicer(service).Extract}),
-                _handlers("NER", {"Recognize": NERServicer(service).Recognize}),
-                _handlers("Embedder", {"Embed": EmbedderServicer(service).Embed}),
-                _handlers("FillMask", {"Fill": FillMaskServicer(service).Fill}),
-                _handlers("Models", {"List": ModelsServicer(service).List}),
+                _handlers("Classifier", {"Classify": ClassifierServicer(engine).Classify}),
+                _handlers("QA", {"Extract": QAServicer(engine).Extract}),
+                _handlers("NER", {"Recognize": NERServicer(engine).Recognize}),
+                _handlers("Embedder", {"Embed": EmbedderServicer(engine).Embed}),
+                _handlers("FillMask", {"Fill": FillMaskServicer(engine).Fill}),
+                _handlers("Models", {"List": ModelsServicer(engine).List}),
             )
         )
         health_servicer = health.aio.HealthServicer()
@@ -213,8 +217,6 @@ class GrpcFrontDoor:
         return door
 
     def set_serving(self, serving: bool) -> None:
-        import asyncio
-
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         asyncio.get_running_loop().create_task(self._set(status))
 
@@ -343,7 +345,16 @@ def _one_in(behaviour: Callable[..., Awaitable[Any]], type_name: str) -> Callabl
     return handle
 
 
-def _one_in_stream_out(behaviour: Callable[..., AsyncIterator[Any]], type_name: str) -> Callable[..., Any]:
+def _one_in_stream_out(behaviour: Callable[..., Any], type_name: str) -> Callable[..., Any]:
+    """A server-streaming method: its behaviour either yields its responses (an async generator) or writes them
+    through `context.write` and returns (a coroutine: grpcio-health-checking's `Watch`)."""
+    if inspect.iscoroutinefunction(behaviour):
+
+        async def write(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
+            await behaviour(await _only_request(context, type_name), context)
+
+        return write
+
     async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async for response in behaviour(await _only_request(context, type_name), context):
             yield response

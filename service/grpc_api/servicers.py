@@ -1,7 +1,7 @@
-"""bert.v1 servicers: translate protobuf <-> the InferenceService's inputs and results, errors -> status codes.
+"""bert.v1 servicers: translate protobuf <-> the engine's inputs and results, errors -> status codes.
 
-Same semantics as REST: defaults, limits and messages come from the task inputs and the InferenceService (an
-unset optional field is left to the input type's default); every error ends the call through `abort`, the one
+Same semantics as REST: defaults, limits and messages come from the task inputs and the engine (an unset optional
+field is left to the input type's default); every error ends the call through `abort`, the one
 place that applies `service.errors.grpc_status`. The caller's deadline caps the request's timeout, so work for
 a request that has already expired is dropped before compute.
 """
@@ -16,7 +16,8 @@ from typing import Any, NoReturn
 
 import grpc
 
-from service.engine.engine import InferenceService, Outcome
+from bert_model.tasks.defaults import AGGREGATION_STRATEGIES
+from service.engine.engine import Engine, Outcome
 from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
 from service.error_messages import clip_message
 from service.errors import Internal, InvalidInput, ServiceError, grpc_status
@@ -27,12 +28,10 @@ log = logging.getLogger(__name__)
 
 AGGREGATION = {
     pb.AGGREGATION_STRATEGY_UNSPECIFIED: NERInput.aggregation_strategy,
-    pb.AGGREGATION_STRATEGY_NONE: "none",
-    pb.AGGREGATION_STRATEGY_SIMPLE: "simple",
-    pb.AGGREGATION_STRATEGY_FIRST: "first",
-    pb.AGGREGATION_STRATEGY_AVERAGE: "average",
-    pb.AGGREGATION_STRATEGY_MAX: "max",
+    **{pb.AggregationStrategy.Value(f"AGGREGATION_STRATEGY_{name.upper()}"): name for name in AGGREGATION_STRATEGIES},
 }
+"""AggregationStrategy -> the task input's `aggregation_strategy` (unspecified: the default), one per strategy of
+`bert_model.tasks.defaults.AGGREGATION_STRATEGIES`."""
 SCORE_FUNCTIONS = {
     pb.SCORE_FUNCTION_SOFTMAX: "softmax",
     pb.SCORE_FUNCTION_SIGMOID: "sigmoid",
@@ -77,8 +76,8 @@ def _given(request: Any, *names: str) -> dict[str, Any]:
 
 
 class _Base:
-    def __init__(self, service: InferenceService) -> None:
-        self.service = service
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
 
     async def _call(
         self, context: grpc.aio.ServicerContext, route: str, run: Callable[[float | None], Awaitable[Outcome]]
@@ -102,7 +101,7 @@ class _Base:
             status = grpc_status(internal).name
             await abort(context, internal)
         finally:
-            self.service.metrics.observe_request("grpc", route, status, time.perf_counter() - start)
+            self.engine.metrics.observe_request("grpc", route, status, time.perf_counter() - start)
 
 
 class ClassifierServicer(_Base, pb_grpc.ClassifierServicer):
@@ -119,7 +118,7 @@ class ClassifierServicer(_Base, pb_grpc.ClassifierServicer):
                 [(item.text, item.text_pair if item.HasField("text_pair") else None) for item in request.inputs],
                 **options,
             )
-            return await self.service.classify(task_input, model=request.model or None, timeout_s=timeout)
+            return await self.engine.submit(task_input, model=request.model or None, timeout_s=timeout)
 
         outcome = await self._call(context, "/bert.v1.Classifier/Classify", run)
         return pb.ClassifyResponse(
@@ -140,7 +139,7 @@ class QAServicer(_Base, pb_grpc.QAServicer):
                 handle_impossible_answer=request.handle_impossible_answer,
                 **_given(request, "top_k", "max_answer_len", "doc_stride", "truncate"),
             )
-            return await self.service.qa(task_input, model=request.model or None, timeout_s=timeout)
+            return await self.engine.submit(task_input, model=request.model or None, timeout_s=timeout)
 
         outcome = await self._call(context, "/bert.v1.QA/Extract", run)
         return pb.ExtractResponse(
@@ -158,7 +157,7 @@ class NERServicer(_Base, pb_grpc.NERServicer):
             task_input = NERInput(
                 texts=list(request.texts), aggregation_strategy=strategy, **_given(request, "truncate")
             )
-            return await self.service.ner(task_input, model=request.model or None, timeout_s=timeout, field="texts")
+            return await self.engine.submit(task_input, model=request.model or None, timeout_s=timeout, field="texts")
 
         outcome = await self._call(context, "/bert.v1.NER/Recognize", run)
         return pb.RecognizeResponse(
@@ -184,7 +183,7 @@ class EmbedderServicer(_Base, pb_grpc.EmbedderServicer):
             if options.get("dimensions") == 0:
                 del options["dimensions"]  # 0 = the whole vector
             task_input = EmbedInput(texts=list(request.texts), **options)
-            return await self.service.embed(task_input, model=request.model or None, timeout_s=timeout, field="texts")
+            return await self.engine.submit(task_input, model=request.model or None, timeout_s=timeout, field="texts")
 
         outcome = await self._call(context, "/bert.v1.Embedder/Embed", run)
         return pb.EmbedResponse(
@@ -201,9 +200,7 @@ class FillMaskServicer(_Base, pb_grpc.FillMaskServicer):
                 targets=list(request.targets) or None,
                 **_given(request, "top_k", "truncate"),
             )
-            return await self.service.fill_mask(
-                task_input, model=request.model or None, timeout_s=timeout, field="texts"
-            )
+            return await self.engine.submit(task_input, model=request.model or None, timeout_s=timeout, field="texts")
 
         outcome = await self._call(context, "/bert.v1.FillMask/Fill", run)
         return pb.FillResponse(
@@ -217,7 +214,7 @@ class FillMaskServicer(_Base, pb_grpc.FillMaskServicer):
 
 class ModelsServicer(_Base, pb_grpc.ModelsServicer):
     async def List(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return pb.ListModelsResponse(models=[_model_info(info) for info in self.service.list_models()])
+        return pb.ListModelsResponse(models=[_model_info(info) for info in self.engine.list_models()])
 
 
 def _model_info(info: dict[str, Any]) -> Any:

@@ -1,7 +1,7 @@
 """REST routes of the encoder tasks: `POST /embed` (text-embeddings-inference), `POST /v1/embeddings` (OpenAI)
 and `POST /fill-mask` (Hugging Face's fill-mask pipeline); bodies in `service.http_api.encoder_schemas`.
 
-Like the task routes, each builds a task input, calls the one `InferenceService` (batcher, limits, errors,
+Like the task routes, each builds a task input, submits it to the one engine (batcher, limits, errors,
 metrics), and sends the timing headers; their errors are the service's (`{"error": {code, message}}`), not
 the error bodies of TEI or OpenAI.
 """
@@ -9,13 +9,13 @@ the error bodies of TEI or OpenAI.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
 
-from service.engine.engine import InferenceService, Outcome
+from service.engine.engine import Engine, Outcome
 from service.engine.inputs import EmbedInput, FillMaskInput
 from service.http_api.encoder_schemas import (
     EmbedRequest,
@@ -28,14 +28,10 @@ from service.http_api.rendering import task_response
 
 
 def add_encoder_routes(
-    app: FastAPI,
-    dependencies: Sequence[Any],
-    responses: dict[int | str, dict[str, Any]],
-    timeout: Callable[[Request], float | None],
+    app: FastAPI, responses: dict[int | str, dict[str, Any]], timeout: Callable[[Request], float | None]
 ) -> None:
-    """Add the three routes, with the task routes' auth `dependencies`, error `responses` and `timeout` (on the app
-    itself, not through a router: `service.http_api.direct_routes` finds them among the app's routes)."""
-    common: dict[str, Any] = {"dependencies": list(dependencies), "responses": responses, "tags": ["encoder"]}
+    """Add the three routes, with the task routes' error `responses` and `timeout`."""
+    common: dict[str, Any] = {"responses": responses, "tags": ["encoder"]}
 
     @app.post("/embed", response_model=list[list[float]], **common)
     async def embed(body: EmbedRequest, request: Request) -> Any:
@@ -76,7 +72,7 @@ def add_encoder_routes(
             targets=None if targets is None else list(targets),
             truncate=body.truncate,
         )
-        outcome = await _service(request).fill_mask(task_input, model=body.model, timeout_s=timeout(request))
+        outcome = await _engine(request).submit(task_input, model=body.model, timeout_s=timeout(request))
         shaped = [masks[0] if len(masks) == 1 else masks for masks in outcome.results]
         return task_response(shaped[0] if single else shaped, outcome)
 
@@ -95,12 +91,12 @@ def add_encoder_routes(
             dimensions=dimensions,
             truncate=truncate,
         )
-        return await _service(request).embed(task_input, model=model, timeout_s=timeout(request), field=field)
+        return await _engine(request).submit(task_input, model=model, timeout_s=timeout(request), field=field)
 
 
-def _service(request: Request) -> InferenceService:
-    service: InferenceService = request.app.state.service
-    return service
+def _engine(request: Request) -> Engine:
+    engine: Engine = request.app.state.engine
+    return engine
 
 
 def _floats(vector: np.ndarray) -> np.ndarray:

@@ -37,12 +37,12 @@ def describe_server(app: FastAPI) -> None:
     loaded: dict[str, Any] = {}
 
     def openapi() -> dict[str, Any]:
-        service = app.state.service
-        if not service.state.ready:
-            return with_limits(base(), app.state.settings)
+        engine, settings = app.state.engine, app.state.settings
+        if not engine.state.ready:
+            return with_security(with_limits(base(), settings), settings)
         if not loaded:
-            schema = with_limits(base(), app.state.settings)
-            loaded.update(with_models(schema, service.list_models(), _qa_context_rooms(service)))
+            schema = with_security(with_limits(base(), settings), settings)
+            loaded.update(with_models(schema, engine.list_models(), _qa_context_rooms(engine)))
         return loaded
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -56,6 +56,27 @@ def with_limits(schema: dict[str, Any], settings: ServiceSettings) -> dict[str, 
             node["maxItems"] = settings.max_inputs_per_request
         if node.get("type") == "string" and "pattern" in node:  # the texts (service.http_api.schemas.Text)
             node["maxLength"] = settings.max_text_chars
+    return schema
+
+
+BEARER = "HTTPBearer"
+OPEN_PATHS = ("/health/live", "/health/ready", "/metrics")
+"""Routes that answer without the API key (`service.http_api.middleware.PROBE_PATHS`)."""
+
+
+def with_security(schema: dict[str, Any], settings: ServiceSettings) -> dict[str, Any]:
+    """With an API key: the bearer scheme, required by every operation but the probes and metrics (the door checks
+    it, `service.http_api.middleware.DoorMiddleware`); without one, `schema` as it is."""
+    if settings.api_key is None:
+        return schema
+    schema = copy.deepcopy(schema)
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes[BEARER] = {"type": "http", "scheme": "bearer", "description": "`Authorization: Bearer <api key>`."}
+    for path, operations in schema.get("paths", {}).items():
+        if path in OPEN_PATHS:
+            continue
+        for operation in operations.values():
+            operation["security"] = [{BEARER: []}]
     return schema
 
 
@@ -90,8 +111,8 @@ def _request_schema(operation: dict[str, Any]) -> str:
     return str(reference.get("$ref", "")).rpartition("/")[2]
 
 
-def _qa_context_rooms(service: Any) -> list[int]:
-    return [model.pipeline.windows.context_room for model in service.models.values() if model.bundle.task == "qa"]
+def _qa_context_rooms(engine: Any) -> list[int]:
+    return [model.pipeline.windows.context_room for model in engine.models.values() if model.bundle.task == "qa"]
 
 
 def _nodes(value: Any) -> Iterator[dict[str, Any]]:

@@ -1,8 +1,8 @@
 """Task responses rendered once, straight to JSON bytes.
 
 The routes declare their `response_model` for OpenAPI, but return a `Response` built here: FastAPI then neither
-validates the result against the model again nor turns it into JSON through `jsonable_encoder` (for an embedding,
-a Python object per float). orjson writes NumPy arrays and scalars as they are (float32 vectors in their shortest
+validates the result against the model again nor turns it into JSON through `jsonable_encoder` (a Python object
+per float of an embedding). orjson writes NumPy arrays and scalars as they are (float32 vectors in their shortest
 float32 form), so results need not become lists first.
 """
 
@@ -23,19 +23,6 @@ def json_bytes(content: Any) -> bytes:
     return orjson.dumps(content, option=JSON_OPTIONS)
 
 
-class TaskResponse(Response):
-    """A 200 JSON response whose head is given as bytes (Starlette's `Response` lowercases and encodes every header
-    name and value of every response, on the event loop)."""
-
-    media_type = "application/json"
-
-    def __init__(self, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-        self.status_code = 200
-        self.body = body
-        self.background = None
-        self.raw_headers = [*headers, (b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]
-
-
 def task_response(content: Any, outcome: Outcome) -> Response:
     """A 200 JSON response of `content` with the outcome's headers (model, timings)."""
-    return TaskResponse(json_bytes(content), outcome.raw_headers())
+    return Response(json_bytes(content), media_type="application/json", headers=outcome.headers())

@@ -105,6 +105,14 @@ class ServiceMetrics:
             registry=r,
         )
 
+        self.abandoned = Counter(
+            "bertserve_abandoned",
+            "Requests whose caller went away (a closed HTTP connection, a cancelled gRPC call) before their answer: "
+            "their queued and not yet computed work is dropped.",
+            ["transport"],
+            registry=r,
+        )
+
     def _child(self, family: Any, *labels: str) -> Any:
         """`family.labels(*labels)`, looked up once: `labels()` checks and locks on every call, and the batch and
         request paths ask for the same few children each time. The labels come from the served models and the

@@ -36,7 +36,7 @@ def tokenize_on_the_calling_thread() -> None:
     set already. By default it splits every `encode_batch` over a pool of its own, one thread per core, whose
     workers spin a while on every batch waiting for more: in a server whose runtime keeps the cores busy that is CPU
     taken from the runtime (measured on the Speed page, docs/benchmarks.md). The service tokenizes requests side by
-    side on its own threads instead (`service.engine.small_requests`, the bounded pool of large requests)."""
+    side on its own threads instead (the event loop for small requests, the bounded pool for large ones)."""
     os.environ.setdefault(TOKENIZERS_PARALLELISM, "false")
 
 

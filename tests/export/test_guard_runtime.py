@@ -67,15 +67,16 @@ def described(options: Any) -> dict[str, Any]:
 
 def served(bundle: Path, variant: str) -> None:
     """Load `bundle` in the service with its default settings, `variant` forced; close."""
-    from service.engine.engine import InferenceService
+    from service.engine.engine import Engine
     from service.settings import ServiceSettings
 
     async def run() -> None:
-        service = InferenceService(
+        service = Engine(
             ServiceSettings(models=[str(bundle)], variant=variant, device="cpu", warmup_rounds=0, grpc_port=-1)
         )
         try:
             await service.load()
+            service.set_ready()
         finally:
             await service.close()
 

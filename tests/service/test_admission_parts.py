@@ -1,5 +1,5 @@
-"""The parts of admission without a server: the door's count, the tokenization executor's bounded queue, queue
-reservations, and a QA request judged against its model's queue before any of its windows is built."""
+"""The parts of admission without a server: the door's count, the tokenization executor's bounded queue, the
+queue's one capacity rule, and a QA request judged against its model's queue before any of its windows is built."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import bert_model.tasks.qa as qa_module
 from bundles.serving import open_bundle
-from service.engine.admission import BoundedExecutor, Door, QueueReservations
+from service.engine.admission import BoundedExecutor, Door
 from service.engine.batcher import BatchConfig, Batcher
-from service.engine.engine import INLINE_CHARACTERS, InferenceService
+from service.engine.engine import INLINE_CHARACTERS, Engine
 from service.engine.inputs import QAInput
 from service.engine.pipelines import make_pipeline
 from service.errors import InvalidInput, Overloaded
 from service.grpc_api.server import AdmissionInterceptor
-from service.http_api.middleware import AdmissionMiddleware
+from service.http_api.middleware import DoorMiddleware
 from service.operations.metrics import ServiceMetrics
 from service.settings import ServiceSettings
 
@@ -104,7 +104,7 @@ def test_slow_bodies_hold_receiving_places_only_and_work_is_counted_once_the_bod
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    middleware = AdmissionMiddleware(app, door, max_bytes=1024, timeout_s=0.5, metrics=metrics)
+    middleware = DoorMiddleware(app, door, max_bytes=1024, timeout_s=0.5, metrics=metrics)
 
     def start(exchange: _Exchange) -> asyncio.Task[None]:
         return asyncio.ensure_future(middleware(exchange.scope, exchange.receive, exchange.send))
@@ -256,19 +256,27 @@ def test_a_caller_that_goes_away_gives_its_queued_job_back() -> None:
         executor.close()
 
 
-def test_reservations_hold_queue_places_until_released() -> None:
+def test_the_queue_admits_rows_once_and_holds_them_until_they_are_queued() -> None:
+    """One capacity rule (`Batcher.reserve`): reserved rows count beside queued ones until their features are
+    queued in their place (or the reservation is released); a request that could never fit says so."""
     metrics = ServiceMetrics()
-    batcher = Batcher("m", _never, BatchConfig(max_queue=10), output_names=["logits"])
-    reservations = QueueReservations(metrics)
-    with reservations.reserve(batcher, 6):
-        reservations.check(batcher, 4)
-        with pytest.raises(Overloaded, match="6 sequences queued"):
-            reservations.check(batcher, 5)
-        assert _sample(metrics, "bertserve_rejected_total", {"model": "m", "reason": "queue_full"}) == 1
-    reservations.check(batcher, 10)
-    assert reservations.held("m") == 0
-    with pytest.raises(InvalidInput, match="more than this model's queue holds"):
-        reservations.check(batcher, 11)
+    batcher = Batcher("m", _never, BatchConfig(max_queue=10), output_names=["logits"], observer=metrics)
+
+    async def scenario() -> None:
+        await batcher.start()
+        with batcher.reserve(6):
+            batcher.reserve(4).release()
+            with pytest.raises(Overloaded, match="6 sequences queued"):
+                batcher.reserve(5)
+            assert _sample(metrics, "bertserve_rejected_total", {"model": "m", "reason": "queue_full"}) == 1
+        batcher.reserve(10).release()
+        with pytest.raises(InvalidInput, match="more than this model's queue holds"):
+            batcher.reserve(11)
+        with pytest.raises(InvalidInput, match="split it like this"):
+            batcher.reserve(11, lambda limit: f"more than {limit}: split it like this")
+        await batcher.close()
+
+    asyncio.run(scenario())
 
 
 async def _never(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -308,7 +316,7 @@ def test_a_qa_request_that_cannot_fit_the_queue_is_refused_before_its_windows_ar
     tiny_bundles: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     backend = GatedBackend()
-    monkeypatch.setattr(InferenceService, "_make_backend", lambda self, bundle: backend)
+    monkeypatch.setattr(Engine, "_make_backend", lambda self, bundle: backend)
     built: list[int] = []
 
     class CountedFeature(qa_module.QAFeature):
@@ -331,18 +339,19 @@ def test_a_qa_request_that_cannot_fit_the_queue_is_refused_before_its_windows_ar
         max_queue=windows + windows // 2,
         max_batch_size=batch,
     )
-    service = InferenceService(settings)
+    service = Engine(settings)
 
     async def scenario() -> None:
         await service.load()
+        service.set_ready()
         try:
             built.clear()
-            first = asyncio.ensure_future(service.qa(request))
+            first = asyncio.ensure_future(service.submit(request))
             while len(built) < windows:  # the first request's windows are built and queued
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.05)
             with pytest.raises(Overloaded, match="at capacity"):
-                await service.qa(request)
+                await service.submit(request)
             assert len(built) == windows  # the refused request built none
             backend.gate.set()
             assert len((await first).results) == 1
@@ -360,15 +369,16 @@ def test_a_qa_request_larger_than_the_queue_is_refused_with_the_limit_and_how_to
     question = "Where did the committee meet?"
     windows = len(make_pipeline(open_bundle(tiny_bundles["qa"])).features(QAInput([question], [context])))
     settings = ServiceSettings(models=[str(tiny_bundles["qa"])], warmup_rounds=0, grpc_port=-1, max_queue=windows + 1)
-    service = InferenceService(settings)
+    service = Engine(settings)
 
     async def scenario() -> tuple[str, str]:
         await service.load()
+        service.set_ready()
         try:
             with pytest.raises(InvalidInput) as several:
-                await service.qa(QAInput([question] * 3, [context] * 3))
+                await service.submit(QAInput([question] * 3, [context] * 3))
             with pytest.raises(InvalidInput) as alone:
-                await service.qa(QAInput([question, question], ["short", context + context]))
+                await service.submit(QAInput([question, question], ["short", context + context]))
             assert next(iter(service.models.values())).batcher.backend_calls == 0
             return several.value.message, alone.value.message
         finally:

@@ -1,8 +1,8 @@
 """No value a caller sends grows the server's state: two rounds of requests with all-new values of every numeric
 option (doc_stride, top_k, max_answer_len, dimensions, x-request-timeout-ms), every enum option, unknown model
-names, unknown paths and methods, random request ids and gRPC metadata, over REST and gRPC, through the real app
-(its lifespan, its gRPC server). After the second round the metric label sets, the service's dicts, the tokenizer
-copies and the process's memory are what they were after the first."""
+names, unknown paths and methods, random request ids and gRPC metadata, over REST and gRPC, through the real
+server (engine, REST and gRPC in this process). After the second round the metric label sets, the service's dicts,
+the tokenizer copies and the process's memory are what they were after the first."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
-from fastapi.testclient import TestClient
 
 from bert_model.tokenization import MAX_TRUNCATING_COPIES
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
-from service.http_api.app import create_app
+from service.serve import Server
 from service.settings import ServiceSettings
+from tests.service.in_process import running
 
 pytestmark = pytest.mark.integration
 
@@ -31,20 +32,16 @@ AGGREGATIONS = ["none", "simple", "first", "average", "max"]
 
 
 @pytest.fixture(scope="module")
-def served(tiny_bundles: dict[str, Path], encoder_bundles: dict[str, Path]) -> Iterator[tuple[TestClient, Any]]:
+def served(tiny_bundles: dict[str, Path], encoder_bundles: dict[str, Path]) -> Iterator[tuple[httpx.Client, Server]]:
     models = [str(path) for path in (*tiny_bundles.values(), *encoder_bundles.values())]
-    settings = ServiceSettings(models=models, host="127.0.0.1", grpc_port=0, warmup_rounds=1, log_level="error")
-    app = create_app(settings)
-    with TestClient(app) as client:
-        for _ in range(600):
-            if client.get("/health/ready").status_code == 200:
-                break
-            time.sleep(0.05)
-        assert client.get("/health/ready").status_code == 200
-        yield client, app
+    settings = ServiceSettings(
+        models=models, host="127.0.0.1", http_port=0, grpc_port=0, warmup_rounds=1, log_level="error", drain_s=0
+    )
+    with running(settings) as server, httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}") as client:
+        yield client, server
 
 
-def _rest(client: TestClient, value: int) -> set[int]:
+def _rest(client: httpx.Client, value: int) -> set[int]:
     """One request per task and option with `value` in every numeric field; the statuses seen."""
     headers = {"x-request-timeout-ms": f"{20_000 + value}.5", "x-request-id": f"id-{value}-{os.urandom(4).hex()}"}
     bodies = [
@@ -120,20 +117,20 @@ def _grpc(channel: grpc.Channel, value: int) -> set[grpc.StatusCode]:
     return codes
 
 
-def _state(app: Any) -> dict[str, Any]:
-    service = app.state.service
+def _state(server: Server) -> dict[str, Any]:
+    service = server.engine
     deadline = time.monotonic() + 2
     while (service.door.in_progress or service.executor.jobs) and time.monotonic() < deadline:
         time.sleep(0.01)  # a gRPC call leaves the door when its task ends, just after the caller has its answer
     families = {
         metric.name: sorted({tuple(sorted(sample.labels.items())) for sample in metric.samples})
-        for metric in app.state.metrics.registry.collect()
+        for metric in service.metrics.registry.collect()
     }
     return {
         "metric_label_sets": families,
         "models": sorted(service.models),
         "defaults": dict(service.defaults),
-        "reserved": {name: service.reservations.held(name) for name in service.models},
+        "reserved": {name: model.batcher._reserved for name, model in service.models.items()},
         "in_progress": service.door.in_progress,
         "executor_jobs": service.executor.jobs,
         "copies_within_bound": all(
@@ -149,11 +146,13 @@ def _rss_mb() -> float:
     raise RuntimeError("no VmRSS")
 
 
-def test_new_request_values_leave_the_server_state_as_it_was(served: tuple[TestClient, Any]) -> None:
+def test_new_request_values_leave_the_server_state_as_it_was(served: tuple[httpx.Client, Server]) -> None:
     if not Path("/proc/self/status").exists():
         pytest.skip("needs /proc to read the process's memory")
-    client, app = served
-    with grpc.insecure_channel(f"127.0.0.1:{app.state.grpc.port}") as channel:
+    client, server = served
+    assert server.grpc is not None and server.rest is not None
+    app = server.rest.config.app
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc.port}") as channel:
         seen: list[set[Any]] = []
         for values in (range(0, QA_STRIDES, 2), range(1, QA_STRIDES, 2)):  # the second round: all-new values
             statuses: set[Any] = set()
@@ -161,8 +160,8 @@ def test_new_request_values_leave_the_server_state_as_it_was(served: tuple[TestC
                 statuses |= _rest(client, value) | _grpc(channel, value)
             seen.append(statuses)
             if len(seen) == 1:
-                first, rss_first = _state(app), _rss_mb()
-        second, rss_second = _state(app), _rss_mb()
+                first, rss_first = _state(server), _rss_mb()
+        second, rss_second = _state(server), _rss_mb()
     assert seen[0] == seen[1]  # the same kinds of answer in both rounds, so the same label values
     assert {200, 404, 422} <= seen[0] and grpc.StatusCode.OK in seen[0], seen[0]
     assert second == first

@@ -11,38 +11,32 @@ from pathlib import Path
 import pytest
 
 from bundles.serving import open_bundle
-from service.engine.engine import (
-    FILL_MASK_MAX_TARGET_CHARS,
-    FILL_MASK_MAX_TARGETS,
-    INLINE_CHARACTERS,
-    InferenceService,
-    _characters,
-)
-from service.engine.inputs import FillMaskInput
+from service.engine.engine import INLINE_CHARACTERS, Engine
+from service.engine.inputs import FILL_MASK_MAX_TARGET_CHARS, FILL_MASK_MAX_TARGETS, FillMaskInput
 from service.engine.pipelines import FILL_MASK_MAX_FILLS, make_pipeline
 from service.errors import InvalidInput
 from service.settings import ServiceSettings
 
 
 @pytest.fixture
-def service(encoder_bundles: dict[str, Path]) -> InferenceService:
+def service(encoder_bundles: dict[str, Path]) -> Engine:
     settings = ServiceSettings(models=[str(encoder_bundles["fill-mask"])], warmup_rounds=0, grpc_port=-1)
-    return InferenceService(settings)
+    return Engine(settings)
 
 
-def test_a_huge_target_and_too_many_targets_are_refused_before_any_tokenization(service: InferenceService) -> None:
+def test_a_huge_target_and_too_many_targets_are_refused_before_any_tokenization(service: Engine) -> None:
     # validated before a model is looked up: the service need not even be loaded
     start = time.perf_counter()
     with pytest.raises(InvalidInput, match=f"1000000 characters, more than the limit of {FILL_MASK_MAX_TARGET_CHARS};"):
-        asyncio.run(service.fill_mask(FillMaskInput(texts=["a [MASK]"], targets=["a" * 1_000_000])))
+        asyncio.run(service.submit(FillMaskInput(texts=["a [MASK]"], targets=["a" * 1_000_000])))
     assert time.perf_counter() - start < 0.1  # main tokenized it on the event loop (1.5 s on the real model)
     too_many = FillMaskInput(texts=["a [MASK]"], targets=["a"] * (FILL_MASK_MAX_TARGETS + 1))
     expected = f"{FILL_MASK_MAX_TARGETS + 1} targets in one request, more than the limit of {FILL_MASK_MAX_TARGETS};"
     with pytest.raises(InvalidInput, match=expected):
-        asyncio.run(service.fill_mask(too_many))
+        asyncio.run(service.submit(too_many))
 
 
-def test_fills_beyond_the_bound_are_refused_before_the_model_runs(service: InferenceService) -> None:
+def test_fills_beyond_the_bound_are_refused_before_the_model_runs(service: Engine) -> None:
     top_k = min(100, open_bundle(Path(service.settings.models[0])).tokenizer.vocab_size)
     masks = FILL_MASK_MAX_FILLS // top_k + 1
     text = " ".join(["[MASK] word"] * masks)
@@ -50,19 +44,20 @@ def test_fills_beyond_the_bound_are_refused_before_the_model_runs(service: Infer
 
     async def scenario() -> None:
         await service.load()
+        service.set_ready()
         try:
             batcher = next(iter(service.models.values())).batcher
             with pytest.raises(InvalidInput, match=f"{masks * top_k} fills .* limit of {FILL_MASK_MAX_FILLS}"):
-                await service.fill_mask(FillMaskInput(texts=[text], top_k=top_k))
+                await service.submit(FillMaskInput(texts=[text], top_k=top_k))
             with pytest.raises(InvalidInput, match="limit of"):  # the same masks spread over many texts
-                await service.fill_mask(FillMaskInput(texts=["[MASK] word"] * masks, top_k=top_k))
+                await service.submit(FillMaskInput(texts=["[MASK] word"] * masks, top_k=top_k))
             calls.append(batcher.backend_calls)
             # at the bound: answered, every mask with its fills
             fitting = " ".join(["[MASK] word"] * (FILL_MASK_MAX_FILLS // top_k))
-            results = (await service.fill_mask(FillMaskInput(texts=[fitting], top_k=top_k))).results
+            results = (await service.submit(FillMaskInput(texts=[fitting], top_k=top_k))).results
             assert len(results[0]) == FILL_MASK_MAX_FILLS // top_k and all(len(f) == top_k for f in results[0])
             # targets count as the fills of a mask when fewer than top_k
-            few = (await service.fill_mask(FillMaskInput(texts=[text], top_k=top_k, targets=["word"]))).results
+            few = (await service.submit(FillMaskInput(texts=[text], top_k=top_k, targets=["word"]))).results
             assert len(few[0]) == masks
         finally:
             await service.close()
@@ -71,11 +66,9 @@ def test_fills_beyond_the_bound_are_refused_before_the_model_runs(service: Infer
     assert calls == [0]  # the refused requests never reached the model
 
 
-def test_what_a_fill_mask_request_puts_out_counts_in_its_size(service: InferenceService) -> None:
+def test_what_a_fill_mask_request_puts_out_counts_in_its_size(service: Engine) -> None:
     pipeline = make_pipeline(open_bundle(Path(service.settings.models[0])))
     short = "The [MASK] sat on the [MASK] by the [MASK]."
-    assert _characters(FillMaskInput(texts=[short], top_k=1), pipeline) < INLINE_CHARACTERS
-    assert _characters(FillMaskInput(texts=[short], top_k=100), pipeline) >= INLINE_CHARACTERS
-    assert _characters(FillMaskInput(texts=["a [MASK]"], targets=["x" * INLINE_CHARACTERS]), pipeline) >= (
-        INLINE_CHARACTERS
-    )
+    assert pipeline.size(FillMaskInput(texts=[short], top_k=1)) < INLINE_CHARACTERS
+    assert pipeline.size(FillMaskInput(texts=[short], top_k=100)) >= INLINE_CHARACTERS
+    assert pipeline.size(FillMaskInput(texts=["a [MASK]"], targets=["x" * INLINE_CHARACTERS])) >= INLINE_CHARACTERS

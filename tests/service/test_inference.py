@@ -1,4 +1,4 @@
-"""InferenceService without a server: model loading releases what it started when a model cannot be served."""
+"""Engine without a server: model loading releases what it started when a model cannot be served."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from bundles.serving import ServingBundle
 from bundles.spec import MANIFEST_FILE
-from service.engine.engine import InferenceService
+from service.engine.engine import Engine
 from service.settings import ServiceSettings
 
 
@@ -51,12 +51,12 @@ def test_a_model_that_fails_the_pipeline_check_leaves_no_backend_open(
     (bundle / MANIFEST_FILE).write_text(json.dumps(manifest))
     backends: list[SpyBackend] = []
 
-    def make_backend(self: InferenceService, bundle: ServingBundle) -> SpyBackend:
+    def make_backend(self: Engine, bundle: ServingBundle) -> SpyBackend:
         backends.append(SpyBackend())
         return backends[-1]
 
-    monkeypatch.setattr(InferenceService, "_make_backend", make_backend)
-    service = InferenceService(ServiceSettings(models=[str(bundle)], warmup_rounds=0, grpc_port=-1))
+    monkeypatch.setattr(Engine, "_make_backend", make_backend)
+    service = Engine(ServiceSettings(models=[str(bundle)], warmup_rounds=0, grpc_port=-1))
     with pytest.raises(ValueError, match="doc_stride"):
         asyncio.run(service.load())
     assert all(backend.started == backend.closed for backend in backends), [vars(b) for b in backends]
@@ -84,9 +84,10 @@ def test_warm_up_runs_one_batch_of_the_largest_shape_per_model(
     settings = ServiceSettings(models=[str(b) for b in bundles], warmup_rounds=1, grpc_port=-1, max_batch_tokens=512)
 
     async def load() -> dict[str, tuple[int, int]]:
-        service = InferenceService(settings)
+        service = Engine(settings)
         try:
             await service.load()
+            service.set_ready()
             # the call cost was measured on each backend and handed to its batcher
             assert all(0 <= m.batcher.config.call_overhead_tokens <= 256 for m in service.models.values())
             return {name: (model.batcher.config.max_batch_size, model.pipeline.max_seq_length)
@@ -113,9 +114,10 @@ def test_what_loading_left_alive_is_out_of_the_collectors_reach(tiny_bundles: di
         return [id(o) in ids for o in objects]
 
     async def load() -> tuple[list[bool], list[bool]]:
-        service = InferenceService(settings)
+        service = Engine(settings)
         try:
             await service.load()
+            service.set_ready()
             model = next(iter(service.models.values()))
             serving = tracked(model, model.pipeline)
         finally:

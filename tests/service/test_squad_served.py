@@ -156,7 +156,7 @@ def variant_answers(manifest: BundleManifest, variant: str, examples: list[Squad
 
 def service_windows(manifest: BundleManifest) -> Windows:
     """The windows the service reads for this bundle (service/engine/pipelines.py: QAPipeline, from task_settings)."""
-    from service.engine.windows import qa_windows
+    from bert_model.tasks.windows import qa_windows
 
     served = qa_windows(manifest.task_settings, manifest.max_seq_length)
     return Windows(served.max_seq_length, served.doc_stride, served.max_query_length, served.max_answer_length)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.engine.engine import InferenceService
+from service.engine.engine import Engine
 from service.engine.inputs import ClassifyInput
 from service.operations.tracing import Tracer
 from service.settings import ServiceSettings
@@ -32,11 +32,12 @@ def test_spans_of_one_request(tiny_bundles: dict[str, Path], monkeypatch: pytest
     exporter = InMemorySpanExporter()
 
     async def go() -> list[str]:
-        service = InferenceService(settings)
+        service = Engine(settings)
         service.tracer._provider.add_span_processor(SimpleSpanProcessor(exporter))
         await service.load()
+        service.set_ready()
         try:
-            outcome = await service.classify(ClassifyInput(texts=["hello there"]))
+            outcome = await service.submit(ClassifyInput(texts=["hello there"]))
             assert outcome.results[0][0]["label"] in ("negative", "positive")
         finally:
             await service.close()

