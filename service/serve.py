@@ -101,7 +101,8 @@ class _Stop:
 
     def signal(self, number: int) -> None:
         self.signals += 1
-        log.info("stop signal received", extra={"signal": number, "count": self.signals})
+        what = ("stop signal received: draining", "second stop signal: ending the drain now", "third stop signal")
+        log.info(what[min(self.signals, 3) - 1], extra={"signal": number})
         events = (self.requested, self.drain_over, self.force)
         events[min(self.signals, len(events)) - 1].set()
 

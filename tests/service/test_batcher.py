@@ -467,7 +467,7 @@ def test_a_killed_batch_loop_answers_its_waiters_at_once_and_fails_the_model(mon
     assert len(heard) == 1 and heard[0][0] == "m" and "loop killed by the test" in heard[0][1]
     assert batcher.failure == heard[0][1]
     with pytest.raises(ModelFailed):
-        batcher.admit(1)
+        batcher.reserve(1)
 
 
 def test_a_backend_that_reports_itself_broken_fails_the_model_at_once() -> None:

@@ -71,10 +71,13 @@ def test_page_is_off_when_disabled_and_outside_openapi() -> None:
     assert not {"/", "/playground"} & set(paths)
 
 
-def test_page_loads_without_the_key_but_the_api_needs_it() -> None:
-    client = _client(api_key=API_KEY)
-    assert client.get("/").status_code == 200
-    assert client.get("/v1/models").status_code == 401
+def test_with_a_key_the_page_needs_it_unless_the_docs_are_public() -> None:
+    closed = _client(api_key=API_KEY)
+    assert closed.get("/").status_code == 401 and closed.get("/playground/playground.js").status_code == 401
+    assert closed.get("/", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+    public = _client(api_key=API_KEY, public_docs=True)
+    assert public.get("/").status_code == 200 and public.get("/playground/playground.js").status_code == 200
+    assert public.get("/v1/models").status_code == 401
 
 
 def test_serve_has_the_switch() -> None:

@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
+import bert_model.tasks.defaults as defaults
 from bert_model.tasks.qa import qa_predictions
 from bundles.serving import open_bundle
 from bundles.spec import MANIFEST_FILE, BundleManifest
@@ -94,7 +95,7 @@ def test_an_old_manifest_without_task_settings_loads_and_serves_as_before(
     assert BundleManifest.read(old_qa).task_settings == {}
     qa = qa_pipeline(old_qa)  # the windows the service has always derived from the graph's length
     assert (qa.max_seq_length, qa.windows.max_query_length, qa.windows.doc_stride) == (64, 30, 15)
-    assert qa.windows.max_answer_length == 15 and qa.windows.null_threshold == 0.0
+    assert qa.windows.max_answer_length == defaults.QA_MAX_ANSWER_LENGTH and qa.windows.null_threshold == 0.0
     ner = make_pipeline(open_bundle(old_ner))
     assert isinstance(ner, NERPipeline) and (ner.max_seq_length, ner.stride) == (64, 15)
     trained_ner = rewrite(tiny_bundles["ner"], tmp_path / "ner-trained", CAPACITY, {"max_seq_length": 32, "stride": 8})
