@@ -67,8 +67,13 @@ class _RestServer(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    listeners_closed: asyncio.Event | None = None
+    """Set once the listening sockets are closed (step 2): gRPC's own stop waits for it."""
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self._close_listeners_when_quiet()
+        if self.listeners_closed is not None:
+            self.listeners_closed.set()
         await super().shutdown(sockets)
 
     async def _close_listeners_when_quiet(self) -> None:
@@ -143,9 +148,10 @@ class Server:
     @property
     def http_port(self) -> int | None:
         """The REST port it listens on (the one bound for port 0), once started."""
-        if self.rest is None or not self.rest.servers:
+        servers = getattr(self.rest, "servers", None)  # uvicorn sets it when it starts listening
+        if not servers:
             return None
-        return int(self.rest.servers[0].sockets[0].getsockname()[1])
+        return int(servers[0].sockets[0].getsockname()[1])
 
     def stop(self) -> None:
         """Stop as after a stop signal (from any thread)."""
@@ -232,11 +238,15 @@ async def _stop(
     engine.state.shutting_down = True
     engine.state.ready = False
     doors: list[asyncio.Task[None]] = []
+    quiet = asyncio.Event()
     if rest is not None and rest_task is not None:
+        rest.listeners_closed = quiet
         rest.should_exit = True
         doors.append(rest_task)
+    else:
+        asyncio.get_running_loop().call_later(QUIET_S, quiet.set)
     if grpc_door is not None:
-        doors.append(asyncio.create_task(grpc_door.stop(settings.shutdown_grace_s + UVICORN_MARGIN_S)))
+        doors.append(asyncio.create_task(_stop_grpc(grpc_door, quiet, settings.shutdown_grace_s)))
     if doors:
         forced = asyncio.create_task(stop.force.wait())
         await asyncio.wait([*doors, forced], timeout=settings.shutdown_grace_s, return_when=asyncio.FIRST_EXCEPTION)
@@ -245,6 +255,16 @@ async def _stop(
     if stop.force.is_set() and rest is not None:
         rest.force_exit = True
     await asyncio.gather(*doors, return_exceptions=True)
+
+
+async def _stop_grpc(grpc_door: GrpcFrontDoor, quiet: asyncio.Event, grace_s: float) -> None:
+    """gRPC's GOAWAY once the REST listener has closed when quiet (until then new calls are answered UNAVAILABLE,
+    which a client retries elsewhere, where a call reaching a stopping grpc server would be CANCELLED); in-flight
+    calls then finish within the grace period."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(QUIET_MAX_S + 1):
+            await quiet.wait()
+    await grpc_door.stop(grace_s + UVICORN_MARGIN_S)
 
 
 def _rest_server(settings: ServiceSettings, engine: Engine) -> _RestServer:

@@ -34,6 +34,7 @@ import bert_model.tasks.defaults as defaults
 from bert_model.tasks.defaults import AGGREGATION_STRATEGIES, AggregationStrategy
 from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
 from bert_model.tasks.numeric import softmax
+from bert_model.tasks.offsets import whole_clusters
 from bert_model.tasks.windows import NER_SPECIAL_TOKENS, token_windows, window_count
 from bert_model.tokenization import BertTokenizer
 
@@ -172,7 +173,7 @@ def ner_window_features(tokenizer: BertTokenizer, inputs: NERInputs) -> list[NER
     for index, (text, encoding) in enumerate(zip(inputs.texts, inputs.encodings, strict=True)):
         word_ids = [w if w is not None else -1 for w in encoding.word_ids]
         num_words = max(word_ids, default=-1) + 1
-        offsets = [(int(s), int(e)) for s, e in encoding.offsets]
+        offsets = whole_clusters(text, encoding.offsets)
         features += _windows(
             tokenizer, index, text, encoding.ids, offsets, word_ids, num_words, inputs.max_seq_length, inputs.stride
         )

@@ -28,6 +28,7 @@ from tokenizers import Encoding
 import bert_model.tasks.defaults as defaults
 from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
 from bert_model.tasks.numeric import log_softmax
+from bert_model.tasks.offsets import whole_clusters
 from bert_model.tasks.windows import QA_SPECIAL_TOKENS, token_windows, window_count
 from bert_model.tokenization import BertTokenizer
 
@@ -182,7 +183,7 @@ def qa_window_features(tokenizer: BertTokenizer, inputs: QAInputs) -> list[QAFea
     features: list[QAFeature] = []
     for index, (question, context) in enumerate(zip(inputs.questions, inputs.contexts, strict=True)):
         head = [tokenizer.cls_id, *question.ids, tokenizer.sep_id]
-        ids, offsets = context.ids, [(int(start), int(end)) for start, end in context.offsets]
+        ids, offsets = context.ids, whole_clusters(inputs.context_texts[index], context.offsets)
         windows = token_windows(len(ids), inputs.context_room(index), inputs.settings.doc_stride)
         for number, (first, stop) in enumerate(windows):
             size = stop - first
