@@ -31,7 +31,7 @@ test-slow: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy bert_model export service bertserve loadtests
+	$(VENV)/bin/mypy bert_model bundles export service bertserve loadtests docgen
 
 format: install
 	$(VENV)/bin/ruff check --fix .

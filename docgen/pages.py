@@ -242,7 +242,7 @@ def command_section(path: tuple[str, ...], command: Any) -> str:
 def cli_page() -> str:
     tree = _command_tree()
     index = "\n".join(f"- `bertserve {' '.join(path)}`: {_help(command)}" for path, command in tree.items())
-    intro = f"""{GENERATED_NOTE.format(source="the typer app (bertserve/cli.py and each stage's cli.py)")}
+    intro = f"""{GENERATED_NOTE.format(source="the typer app (bertserve/cli.py and bertserve/commands/)")}
 # Command line
 
 One command, `bertserve`, with a subcommand per stage of the pipeline (`.venv/bin/bertserve` after `make install`,

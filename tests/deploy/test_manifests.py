@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from service.http_api.app import create_app
-from service.serve import QUIET_MAX_S
+from service.serve import QUIET_MAX_S, UVICORN_MARGIN_S
 from service.settings import ServiceSettings
 from tests.deploy.keda_schema import SCALED_OBJECT
 from tests.service.server import REPO
@@ -58,14 +58,15 @@ def test_every_overlay_is_rendered() -> None:
     assert set(OVERLAYS) >= {"cpu", "gpu"}
 
 
-def test_the_grace_period_covers_prestop_drain_and_both_shutdown_waits(
+def test_the_grace_period_covers_prestop_drain_and_the_shutdown_wait(
     rendered: Objects, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """preStop, then SIGTERM: drain, listener close, in-flight HTTP, then in-flight gRPC (service/serve.py)."""
+    """preStop, then SIGTERM: drain, the listener's quiet close, in-flight requests of both front doors together
+    for the grace period, then what remains answered 503 and the last running batch finished (service/serve.py)."""
     settings = settings_of(rendered, monkeypatch)
     pod = api_pod(rendered)
     pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
-    needed = pre_stop + settings.drain_s + QUIET_MAX_S + 2 * settings.shutdown_grace_s
+    needed = pre_stop + settings.drain_s + QUIET_MAX_S + settings.shutdown_grace_s + UVICORN_MARGIN_S
     assert pod["terminationGracePeriodSeconds"] >= needed, (pod["terminationGracePeriodSeconds"], needed)
     assert pre_stop >= 3  # endpoints and every node's kube-proxy need a few seconds to drop the pod
     # the drain outlasts the readiness probe's detection, so a balancer that probes takes the pod out first
