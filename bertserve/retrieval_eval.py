@@ -51,11 +51,11 @@ def embed_over_http(
 
 
 def served_model(url: str, model: str | None, api_key: str | None = None) -> dict[str, Any]:
-    """The `GET /v1/models` entry of `model` (None: the default embed model): its name, variant, length."""
+    """The `GET /models` entry of `model` (None: the default embed model): its name, variant, length."""
     import httpx
 
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    models = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).json()["models"]
+    models = httpx.get(f"{url}/models", headers=headers, timeout=30).json()["models"]
     for entry in models:
         if entry["task"] == "embed" and (entry["name"] == model or (model is None and entry["is_default"])):
             return {key: entry[key] for key in ("name", "variant", "max_seq_length", "backend")}

@@ -17,6 +17,7 @@ from typing import TypedDict
 
 import numpy as np
 
+import bert_model.tasks.defaults as defaults
 from bert_model.tasks.features import Feature
 from bert_model.tasks.numeric import softmax
 from bert_model.tokenization import BertTokenizer, Truncation
@@ -95,7 +96,7 @@ def fill_mask_postprocess(
     features: Sequence[Feature],
     mask_logits: Sequence[np.ndarray],
     *,
-    top_k: int = 5,
+    top_k: int = defaults.FILL_MASK_TOP_K,
     targets: Sequence[int] | None = None,
     mask_token: str = DEFAULT_MASK_TOKEN,
 ) -> dict[int, list[list[FillMaskResult]]]:

@@ -38,7 +38,7 @@ None."""
 class Route:
     name: str
     task: str
-    """The task whose model serves it (`GET /v1/models`)."""
+    """The task whose model serves it (`GET /models`)."""
 
 
 ROUTES = (
@@ -164,7 +164,7 @@ async def measure_routes(
             async with session.get("/metrics") as response:
                 return await response.text()
 
-        async with session.get("/v1/models") as response:
+        async with session.get("/models") as response:
             defaults = {m["task"]: m["name"] for m in (await response.json())["models"] if m["is_default"]}
         classifier = pb_grpc.ClassifierStub(channel)
 

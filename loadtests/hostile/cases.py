@@ -42,7 +42,7 @@ CHARS_PER_TOKEN = 4
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What GET /v1/models says of a task's default model."""
+    """What GET /models says of a task's default model."""
 
     name: str
     task: str

@@ -608,8 +608,8 @@ async def _sample_rss(run: Run, stop: asyncio.Event, interval_s: float) -> None:
 
 
 async def _models(run: Run) -> dict[str, cases.ModelInfo]:
-    """The default model of each task, from GET /v1/models."""
-    async with run.session.get(run.server.http_url + "/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as reply:
+    """The default model of each task, from GET /models."""
+    async with run.session.get(run.server.http_url + "/models", timeout=aiohttp.ClientTimeout(total=10)) as reply:
         listed = (await reply.json())["models"]
     found: dict[str, cases.ModelInfo] = {}
     for model in listed:

@@ -74,7 +74,7 @@ class Shape:
 
 @dataclass
 class VariantChoice:
-    """How the served variant was chosen; `describe()` is what /v1/models and Models.List report."""
+    """How the served variant was chosen; `describe()` is what /models and Models.List report."""
 
     variant: str
     auto: bool

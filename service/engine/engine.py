@@ -122,6 +122,8 @@ class EngineState:
     """Why the server has failed for good (loading failed, or a model's batch loop or backend died): liveness and
     readiness report 503 from then on, and `bertserve serve` exits non-zero after draining."""
     started: float = field(default_factory=time.monotonic)
+    loaded_at: float = 0.0
+    """When the models were ready (Unix seconds): the `created` of OpenAI's model list."""
 
 
 class Engine:
@@ -177,6 +179,7 @@ class Engine:
 
     def set_ready(self) -> None:
         """Requests are taken from now on (the front doors are open)."""
+        self.state.loaded_at = time.time()
         self.state.ready = True
         self.metrics.ready.set(1)
 
@@ -421,6 +424,13 @@ class Engine:
             batches=result.batches,
         )
         return Outcome(model=model.name, results=results, timings=timings)
+
+    async def off_loop(self, characters: int, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` for a front door's own tokenizer work of `characters` characters (`/tokenize`): on the
+        event loop when small, else on the bounded executor (Overloaded when it is full)."""
+        if characters < INLINE_CHARACTERS:
+            return function(*args)
+        return await self.executor.run(function, *args)
 
     async def _work(
         self, model: LoadedModel, small: bool, function: Callable[..., T], *args: Any, bounded: bool = True

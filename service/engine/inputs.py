@@ -23,6 +23,8 @@ QA_MAX_TOP_K = 20
 """Most answers per question one request may ask for."""
 MAX_ANSWER_LEN = 512
 """Longest answer a request may ask for, in tokens (the longest window a BERT graph takes)."""
+MAX_IGNORE_LABELS = 100
+"""Most `ignore_labels` one NER request may give (a model has a few labels)."""
 FILL_MASK_MAX_TOP_K = 100
 """Most fills per mask one request may ask for (each is a decoded sequence in the response)."""
 FILL_MASK_MAX_TARGETS = 1000
@@ -109,6 +111,8 @@ class NERInput:
     texts: list[str]
     aggregation_strategy: str = defaults.NER_AGGREGATION
     truncate: bool | None = None
+    ignore_labels: list[str] | None = None
+    """Entity types (with `none`, tags) left out of the answer; None = the outside tag `O` only."""
 
     task: ClassVar[str] = "ner"
 
@@ -118,6 +122,11 @@ class NERInput:
             raise InvalidInput(
                 f"aggregation_strategy must be one of {', '.join(AGGREGATION_STRATEGIES)}, "
                 f"got {self.aggregation_strategy!r}"
+            )
+        labels = self.ignore_labels or []
+        if len(labels) > MAX_IGNORE_LABELS or any(not isinstance(x, str) or len(x) > 100 for x in labels):
+            raise InvalidInput(
+                f"ignore_labels: at most {MAX_IGNORE_LABELS} labels of at most 100 characters each, got {len(labels)}"
             )
 
     def characters(self) -> int:

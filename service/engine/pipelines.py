@@ -120,7 +120,7 @@ class Pipeline:
         self.bundle = bundle
         self.tokenizer = bundle.tokenizer
         self.max_seq_length = bundle.manifest.max_seq_length
-        """The longest window this pipeline builds (what `GET /v1/models` reports)."""
+        """The longest window this pipeline builds (what `GET /models` reports)."""
         self.labels = list(bundle.manifest.labels)
 
     @property
@@ -327,6 +327,7 @@ class NERPipeline(Pipeline):
             logits,
             self.labels,
             aggregation_strategy=request.aggregation_strategy,  # type: ignore[arg-type]
+            ignore_labels=("O",) if request.ignore_labels is None else request.ignore_labels,
         )
 
     def count(self, request: NERInput) -> int:

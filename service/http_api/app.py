@@ -34,6 +34,7 @@ from service.errors import (
     UnsupportedMediaType,
 )
 from service.http_api.encoder_routes import add_encoder_routes
+from service.http_api.hf_routes import add_hf_routes
 from service.http_api.middleware import (
     SERVER_HEADERS,
     DoorMiddleware,
@@ -42,6 +43,7 @@ from service.http_api.middleware import (
     service_error_response,
     unexpected_error_response,
 )
+from service.http_api.openai_routes import add_openai_routes
 from service.http_api.openapi import describe_server
 from service.http_api.playground import add_playground_routes
 from service.http_api.rendering import task_response
@@ -57,6 +59,7 @@ from service.http_api.schemas import (
     QARequest,
     TextPair,
 )
+from service.http_api.tei_routes import add_tei_routes
 from service.operations.metrics import CONTENT_TYPE
 from service.settings import ServiceSettings
 
@@ -271,8 +274,11 @@ def _add_routes(app: FastAPI) -> None:
         return task_response(outcome.results[0] if single else outcome.results, outcome)
 
     add_encoder_routes(app, ERROR_RESPONSES, request_timeout)
+    add_openai_routes(app, ERROR_RESPONSES, request_timeout)
+    add_tei_routes(app, ERROR_RESPONSES, request_timeout)
+    add_hf_routes(app, ERROR_RESPONSES, request_timeout)
 
-    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES, tags=["models"])
+    @app.get("/models", response_model=ModelList, responses=ERROR_RESPONSES, tags=["models"])
     async def models(request: Request) -> Any:
         """The loaded models: task, labels, variant, maximum length, and which is each task's default."""
         return {"models": engine_of(request).list_models()}

@@ -1,5 +1,6 @@
-"""REST routes of the encoder tasks: `POST /embed` (text-embeddings-inference), `POST /v1/embeddings` (OpenAI)
-and `POST /fill-mask` (Hugging Face's fill-mask pipeline); bodies in `service.http_api.encoder_schemas`.
+"""REST routes of the encoder tasks: `POST /embed` (text-embeddings-inference's body and answer) and `POST /fill-mask`
+(Hugging Face's fill-mask pipeline); bodies in `service.http_api.encoder_schemas`. OpenAI's `/v1/embeddings` is in
+`service.http_api.openai_routes`.
 
 Like the task routes, each builds a task input, submits it to the one engine (batcher, limits, errors,
 metrics), and sends the timing headers; their errors are the service's (`{"error": {code, message}}`), not
@@ -8,11 +9,9 @@ the error bodies of TEI or OpenAI.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 
 from service.engine.engine import Engine, Outcome
@@ -21,8 +20,6 @@ from service.http_api.encoder_schemas import (
     EmbedRequest,
     FillMaskRequest,
     FillMaskResult,
-    OpenAIEmbeddingsRequest,
-    OpenAIEmbeddingsResponse,
 )
 from service.http_api.rendering import task_response
 
@@ -38,23 +35,6 @@ def add_encoder_routes(
         """Embed texts (text-embeddings-inference's /embed): one vector per input, also for a single text."""
         outcome = await _embed(request, body.inputs, body.normalize, body.dimensions, body.truncate, body.model)
         return task_response([result["embedding"] for result in outcome.results], outcome)
-
-    @app.post("/v1/embeddings", response_model=OpenAIEmbeddingsResponse, **common)
-    async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> Any:
-        """Embed texts (OpenAI's embeddings API): vectors as floats or base64 float32, with token usage."""
-        outcome = await _embed(request, body.input, None, body.dimensions, body.truncate, body.model, field="input")
-        tokens = sum(result["tokens"] for result in outcome.results)
-        encode = _base64 if body.encoding_format == "base64" else _floats
-        content = {
-            "object": "list",
-            "data": [
-                {"object": "embedding", "embedding": encode(result["embedding"]), "index": index}
-                for index, result in enumerate(outcome.results)
-            ],
-            "model": outcome.model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-        return task_response(content, outcome)
 
     @app.post(
         "/fill-mask",
@@ -97,12 +77,3 @@ def add_encoder_routes(
 def _engine(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
-
-
-def _floats(vector: np.ndarray) -> np.ndarray:
-    return vector
-
-
-def _base64(vector: np.ndarray) -> str:
-    """OpenAI's base64 encoding: the vector's little-endian float32 bytes."""
-    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")

@@ -81,7 +81,7 @@ def with_security(schema: dict[str, Any], settings: ServiceSettings) -> dict[str
 
 
 def with_models(schema: dict[str, Any], models: list[dict[str, Any]], qa_rooms: list[int]) -> dict[str, Any]:
-    """A copy of `schema` whose task requests name the loaded `models` (`GET /v1/models` entries) and whose
+    """A copy of `schema` whose task requests name the loaded `models` (`GET /models` entries) and whose
     `doc_stride` is below the smallest of `qa_rooms` (context tokens per window of each QA model)."""
     schema = copy.deepcopy(schema)
     components = schema.get("components", {}).get("schemas", {})

@@ -2,7 +2,7 @@
 outside) at `GET /` and `GET /playground` that tries every loaded model in a browser.
 
 The page itself holds no data and needs no key; everything it shows comes from the API routes it calls
-(`/v1/models`, `/classify`, `/qa`, `/ner`, `/embed`, `/fill-mask`), which keep their own authentication, so
+(`/models`, `/classify`, `/qa`, `/ner`, `/embed`, `/fill-mask`), which keep their own authentication, so
 with an API key set the page asks for the key and sends it as a bearer token. The page builds its DOM with
 `textContent` only, and the Content-Security-Policy below allows nothing but this origin's own files on top.
 """

@@ -57,7 +57,7 @@ def _texts_or_pairs(schema: dict[str, Any]) -> None:
 def _model_field(example: str) -> Any:
     return Field(
         None,
-        description="A loaded model name (GET /v1/models); omitted, null or empty = the task's default model.",
+        description="A loaded model name (GET /models); omitted, null or empty = the task's default model.",
         examples=[example],
     )
 
@@ -104,7 +104,7 @@ class ClassifyRequest(_Body):
     function_to_apply: ScoreFunction | None = Field(
         ClassifyInput.function_to_apply,
         description="How logits become scores: softmax, sigmoid (independent per label) or none (the raw values); "
-        "null = the model's own (GET /v1/models: softmax for single-label heads, sigmoid for multi-label ones, "
+        "null = the model's own (GET /models: softmax for single-label heads, sigmoid for multi-label ones, "
         "none for regression).",
     )
 

@@ -138,7 +138,7 @@ def test_rest_answers(stack: Stack) -> None:
         assert openai_style.status_code == 200, openai_style.text
         assert cosine(openai_style.json()["data"][0]["embedding"], vectors[0]) > 0.9999
 
-        models = client.get("/v1/models").json()["models"]
+        models = client.get("/models").json()["models"]
         assert {m["name"]: m["task"] for m in models} == {
             "minilm-sst2": "classify",
             "minilm-squad": "qa",

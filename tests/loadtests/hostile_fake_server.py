@@ -172,7 +172,7 @@ async def route(state: State, method: bytes, path: bytes, raw: bytes, headers: d
         return _json_response(200, {"status": "ready"})
     if path == b"/metrics":
         return 200, f"process_resident_memory_bytes {_rss()}.0\n".encode(), "text/plain"
-    if path == b"/v1/models":
+    if path == b"/models":
         return _json_response(200, {"models": _models(state)})
     serves_qa = path == b"/qa" and state.options.qa_chars_per_window > 0
     if path != b"/classify" and not serves_qa:

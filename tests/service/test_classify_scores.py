@@ -3,7 +3,7 @@
 A multi-label and a regression checkpoint written by `transformers` (the oracle) are exported by `build_bundle`
 (cpu-fp32) and served by a real server: REST and gRPC answers equal the pipeline's on the same checkpoint
 (sigmoids per label; the raw value), a request's `function_to_apply` overrides as the pipeline's argument does,
-`GET /v1/models` and `Models.List` report each model's own function, and a bad value is a 422 / INVALID_ARGUMENT.
+`GET /models` and `Models.List` report each model's own function, and a bad value is a 422 / INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def as_dicts(results: list[list[dict[str, Any]]]) -> list[dict[str, float]]:
 
 
 def test_manifests_carry_the_problem_type(server: ServerProcess) -> None:
-    models = {m["name"]: m for m in httpx.get(server.url + "/v1/models", timeout=10).json()["models"]}
+    models = {m["name"]: m for m in httpx.get(server.url + "/models", timeout=10).json()["models"]}
     assert models["tiny-multi-label"]["function_to_apply"] == "sigmoid"
     assert models["tiny-regression"]["function_to_apply"] == "none"
 

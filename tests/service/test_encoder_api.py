@@ -194,7 +194,7 @@ def test_grpc_fill_equals_rest(channel: grpc.Channel, http: httpx.Client) -> Non
 
 # ---- models, health -----------------------------------------------------------------------------------
 def test_models_and_health_list_the_encoder_tasks(http: httpx.Client, channel: grpc.Channel) -> None:
-    rest = {m["name"]: m["task"] for m in http.get("/v1/models").json()["models"]}
+    rest = {m["name"]: m["task"] for m in http.get("/models").json()["models"]}
     assert rest == {"tiny-embed": "embed", "tiny-fill-mask": "fill-mask", "tiny-classify": "classify"}
     listed = pb_grpc.ModelsStub(channel).List(pb.ListModelsRequest())
     assert {m.name: m.task for m in listed.models} == rest

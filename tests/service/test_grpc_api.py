@@ -113,7 +113,7 @@ def test_models_list(channel: grpc.Channel, http: httpx.Client) -> None:
         }
         for m in response.models
     ]
-    assert listed == http.get("/v1/models").json()["models"]
+    assert listed == http.get("/models").json()["models"]
 
 
 def test_health_and_reflection(channel: grpc.Channel) -> None:

@@ -176,7 +176,7 @@ def test_ner_list_shape(client: httpx.Client) -> None:
 
 # ---- models, health, metrics, docs --------------------------------------------------------------------
 def test_models_health_metrics(client: httpx.Client) -> None:
-    models = client.get("/v1/models").json()["models"]
+    models = client.get("/models").json()["models"]
     assert {m["name"]: m["task"] for m in models} == {"tiny-classify": "classify", "tiny-qa": "qa", "tiny-ner": "ner"}
     for model in models:
         assert model["variant"] == "cpu-fp32" and model["max_seq_length"] == MAX_SEQ_LENGTH and model["is_default"]
@@ -211,7 +211,7 @@ def test_models_health_metrics(client: httpx.Client) -> None:
 
 def test_openapi_documents_routes_with_examples(client: httpx.Client) -> None:
     spec = client.get("/openapi.json").json()
-    for path in ("/classify", "/qa", "/ner", "/v1/models", "/health/live", "/health/ready", "/metrics"):
+    for path in ("/classify", "/qa", "/ner", "/models", "/health/live", "/health/ready", "/metrics"):
         assert path in spec["paths"]
     schemas = spec["components"]["schemas"]
     for name in ("ClassifyRequest", "QARequest", "NERRequest"):

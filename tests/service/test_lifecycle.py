@@ -216,7 +216,7 @@ def test_api_key_and_cors(tiny_bundles: dict[str, Path], tmp_path: Path) -> None
         assert denied.status_code == 401 and denied.json()["error"]["code"] == "unauthenticated"
         wrong = httpx.post(server.url + "/classify", json=body, headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401
-        assert httpx.get(server.url + "/v1/models").status_code == 401
+        assert httpx.get(server.url + "/models").status_code == 401
         ok = httpx.post(server.url + "/classify", json=body, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert httpx.get(server.url + "/metrics").status_code == 200

@@ -77,7 +77,7 @@ def test_with_a_key_the_page_needs_it_unless_the_docs_are_public() -> None:
     assert closed.get("/", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
     public = _client(api_key=API_KEY, public_docs=True)
     assert public.get("/").status_code == 200 and public.get("/playground/playground.js").status_code == 200
-    assert public.get("/v1/models").status_code == 401
+    assert public.get("/models").status_code == 401
 
 
 def test_serve_has_the_switch() -> None:
@@ -235,7 +235,7 @@ def _no_horizontal_overflow(driver: Any) -> None:
 
 @pytest.mark.integration
 def test_tabs_are_the_served_tasks(page: Any, api: httpx.Client) -> None:
-    tasks = {model["task"] for model in api.get("/v1/models").json()["models"]}
+    tasks = {model["task"] for model in api.get("/models").json()["models"]}
     assert {button.get_attribute("data-task") for button in _all(page, "#tabs button")} == tasks
     assert tasks == {"classify", "qa", "ner", "embed", "fill-mask"}
 

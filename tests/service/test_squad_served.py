@@ -98,7 +98,7 @@ def served(examples: list[SquadExample], tmp_path_factory: pytest.TempPathFactor
     try:
         server.wait_ready(300)
         with httpx.Client(base_url=server.url, timeout=60) as client:
-            model = client.get("/v1/models").json()["models"][0]
+            model = client.get("/models").json()["models"][0]
             rest = {e.id: _rest_answer(client, e) for e in examples}
         with grpc.insecure_channel(server.grpc_target) as channel:
             grpc_answers = _grpc_answers(channel, examples)

@@ -164,7 +164,7 @@ def test_the_server_reports_and_uses_the_models_window_length(trained_server: Se
     from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
 
     with httpx.Client(base_url=trained_server.url, timeout=30) as client:
-        listed = client.get("/v1/models").json()["models"]
+        listed = client.get("/models").json()["models"]
         assert [m["max_seq_length"] for m in listed] == [48]
         body = {"question": QUESTION, "context": CONTEXT}
         assert client.post("/qa", json=body).status_code == 200

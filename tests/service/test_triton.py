@@ -106,7 +106,7 @@ def test_triton_backend_answers_like_onnx_runtime(servers: tuple[ServerProcess, 
         b = httpx.post(in_process.url + path, json=body, timeout=60)
         assert a.status_code == b.status_code == 200, a.text
         _assert_close(a.json(), b.json())
-    models = httpx.get(via_triton.url + "/v1/models").json()["models"]
+    models = httpx.get(via_triton.url + "/models").json()["models"]
     assert {m["backend"] for m in models} == {"triton"} and models[0]["variant"].startswith("triton:")
 
 

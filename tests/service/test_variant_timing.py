@@ -176,7 +176,7 @@ def multi_variant_bundle(tiny_bundles: dict[str, Path], tmp_path: Path) -> Path:
 
 
 def listed_model(bundle: Path, **settings: object) -> dict:
-    """Load `bundle` with `settings` on the CPU, return its /v1/models entry, close."""
+    """Load `bundle` with `settings` on the CPU, return its /models entry, close."""
 
     async def run() -> dict:
         service = Engine(ServiceSettings(models=[str(bundle)], warmup_rounds=0, grpc_port=-1, device="cpu", **settings))

@@ -1,4 +1,4 @@
-// bertserve playground: tabs from GET /v1/models, one form per task, results drawn on the text.
+// bertserve playground: tabs from GET /models, one form per task, results drawn on the text.
 // Every node is built with createElement + textContent (never innerHTML), so no server or user string can
 // become markup. Offsets from the server are Unicode code points (Python's str indices), so texts are cut as
 // arrays of code points, not UTF-16 strings.
@@ -376,7 +376,7 @@
   async function loadModels() {
     setStatus(el("p", { class: "running", text: "Loading the models…" }));
     try {
-      const { data } = await call("v1/models");
+      const { data } = await call("models");
       models = data.models;
     } catch (error) {
       models = [];
