@@ -21,11 +21,12 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from service.engine.admission import Door, Ticket, bearer_matches
 from service.engine.engine import Engine
 from service.errors import InvalidInput, ServiceError, Unauthenticated
+from service.grpc_api import v2_servicer
 from service.grpc_api.servicers import (
     ClassifierServicer,
     EmbedderServicer,
@@ -40,10 +41,15 @@ from service.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAMES = tuple(
-    pb.DESCRIPTOR.services_by_name[name].full_name
-    for name in ("Classifier", "QA", "NER", "Embedder", "FillMask", "Models")
+SERVICE_NAMES = (
+    *(
+        pb.DESCRIPTOR.services_by_name[name].full_name
+        for name in ("Classifier", "QA", "NER", "Embedder", "FillMask", "Models")
+    ),
+    v2_servicer.SERVICE.full_name,
 )
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+"""Server reflection's v1 name: its messages are v1alpha's, field for field, so one servicer answers both."""
 PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 METADATA_LIMIT_BYTES = 16 * 1024
 """Largest request metadata (headers, HPACK-decoded sizes); more ends the call with RESOURCE_EXHAUSTED."""
@@ -192,21 +198,22 @@ class GrpcFrontDoor:
         server = grpc.aio.server(interceptors=interceptors, options=options)
         server.add_generic_rpc_handlers(
             (
-                _handlers("Classifier", {"Classify": ClassifierServicer(engine).Classify}),
-                _handlers("QA", {"Extract": QAServicer(engine).Extract}),
-                _handlers("NER", {"Recognize": NERServicer(engine).Recognize}),
-                _handlers("Embedder", {"Embed": EmbedderServicer(engine).Embed}),
-                _handlers("FillMask", {"Fill": FillMaskServicer(engine).Fill}),
-                _handlers("Models", {"List": ModelsServicer(engine).List}),
+                _bert("Classifier", {"Classify": ClassifierServicer(engine).Classify}),
+                _bert("QA", {"Extract": QAServicer(engine).Extract}),
+                _bert("NER", {"Recognize": NERServicer(engine).Recognize}),
+                _bert("Embedder", {"Embed": EmbedderServicer(engine).Embed}),
+                _bert("FillMask", {"Fill": FillMaskServicer(engine).Fill}),
+                _bert("Models", {"List": ModelsServicer(engine).List}),
+                _handlers(v2_servicer.SERVICE, v2_servicer.v2, _v2_methods(engine)),
             )
         )
         health_servicer = health.aio.HealthServicer()
         strict = _StrictRegistry(server)  # what a caller sends wrong is INVALID_ARGUMENT on every method
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, strict)
-        reflection_names = (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-            reflection.aio.ReflectionServicer(reflection_names), strict
-        )
+        reflection_names = (*SERVICE_NAMES, health.SERVICE_NAME, REFLECTION_V1, reflection.SERVICE_NAME)
+        reflector = reflection.aio.ReflectionServicer(reflection_names)
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, strict)
+        strict.add_generic_rpc_handlers((_reflection_v1(reflector),))
         port = server.add_insecure_port(f"{_grpc_host(settings.host)}:{settings.grpc_port}")
         if port == 0:
             raise OSError(f"could not bind the gRPC port {settings.host}:{settings.grpc_port}")
@@ -230,23 +237,43 @@ class GrpcFrontDoor:
         await self.server.stop(grace_s)
 
 
-def _handlers(service_name: str, methods: dict[str, Callable[..., Awaitable[Any]]]) -> grpc.GenericRpcHandler:
-    """Unary handlers like the generated `add_*_to_server`'s, but a request that is not a valid message becomes
-    INVALID_ARGUMENT (grpc answers UNKNOWN). They stay unary: `AdmissionInterceptor` reads their message itself
-    (within the receive timeout; a call that ends without one is INVALID_ARGUMENT, where grpc's unary path would
-    wait for the deadline)."""
-    descriptor = pb.DESCRIPTOR.services_by_name[service_name]
+def _handlers(service: Any, messages: Any, methods: dict[str, Callable[..., Awaitable[Any]]]) -> grpc.GenericRpcHandler:
+    """Unary handlers of `service` (a service descriptor whose messages are classes of the module `messages`) like
+    the generated `add_*_to_server`'s, but a request that is not a valid message becomes INVALID_ARGUMENT (grpc
+    answers UNKNOWN). They stay unary: `AdmissionInterceptor` reads their message itself (within the receive
+    timeout; a call that ends without one is INVALID_ARGUMENT, where grpc's unary path would wait for the deadline).
+    Methods of the service not in `methods` answer UNIMPLEMENTED."""
     handlers = {}
     for name, behaviour in methods.items():
-        method = descriptor.methods_by_name[name]
-        request_class = getattr(pb, method.input_type.name)
-        response_class = getattr(pb, method.output_type.name)
+        method = service.methods_by_name[name]
+        request_class = getattr(messages, method.input_type.name)
+        response_class = getattr(messages, method.output_type.name)
         handlers[name] = grpc.unary_unary_rpc_method_handler(
             _guard(behaviour, method.input_type.full_name),
             request_deserializer=_lenient(request_class.FromString),
             response_serializer=response_class.SerializeToString,
         )
-    return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def _v2_methods(engine: Engine) -> dict[str, Callable[..., Awaitable[Any]]]:
+    servicer = v2_servicer.InferenceServicer(engine)
+    return {name: getattr(servicer, name) for name in v2_servicer.METHODS}
+
+
+def _bert(service_name: str, methods: dict[str, Callable[..., Awaitable[Any]]]) -> grpc.GenericRpcHandler:
+    return _handlers(pb.DESCRIPTOR.services_by_name[service_name], pb, methods)
+
+
+def _reflection_v1(reflector: Any) -> grpc.GenericRpcHandler:
+    """`grpc.reflection.v1.ServerReflection`, answered by the v1alpha servicer (newer grpcurl and Postman ask v1
+    first)."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        reflector.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": handler})
 
 
 class _StrictRegistry:

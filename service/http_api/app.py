@@ -60,6 +60,7 @@ from service.http_api.schemas import (
     TextPair,
 )
 from service.http_api.tei_routes import add_tei_routes
+from service.http_api.v2_routes import add_v2_routes
 from service.operations.metrics import CONTENT_TYPE
 from service.settings import ServiceSettings
 
@@ -277,6 +278,7 @@ def _add_routes(app: FastAPI) -> None:
     add_openai_routes(app, ERROR_RESPONSES, request_timeout)
     add_tei_routes(app, ERROR_RESPONSES, request_timeout)
     add_hf_routes(app, ERROR_RESPONSES, request_timeout)
+    add_v2_routes(app, request_timeout)
 
     @app.get("/models", response_model=ModelList, responses=ERROR_RESPONSES, tags=["models"])
     async def models(request: Request) -> Any:

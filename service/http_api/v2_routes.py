@@ -1,0 +1,249 @@
+"""The Open Inference Protocol v2 over REST (KServe's data plane; Triton's HTTP API), so that `tritonclient.http`
+and other v2 clients work unchanged: server live / ready / metadata, model ready / metadata, and `infer` with
+named tensors (`service.engine.tensors`), in the JSON form and in the binary tensor data extension (a JSON head of
+`Inference-Header-Content-Length` bytes followed by the tensors' raw bytes), which `tritonclient.http` uses.
+
+Errors are the protocol's: `{"error": "<message>"}` (a string), with the status of the service's error table.
+Reference: https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/ , Triton's
+binary_tensor_data extension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from service.engine.engine import Engine, LoadedModel
+from service.engine.tensors import (
+    INPUTS,
+    OUTPUTS,
+    Tensor,
+    from_json,
+    from_raw,
+    result_tensors,
+    task_input,
+    to_json,
+    to_raw,
+)
+from service.error_messages import clip_message
+from service.errors import InvalidInput, InvalidJson, ServiceError, UnknownModel, http_status
+from service.http_api.middleware import MAX_MESSAGE_BYTES, unexpected_error_response
+
+HEADER_LENGTH = "inference-header-content-length"
+SERVER_NAME = "bertserve"
+VERSION = "1.0.0"
+MODEL_VERSION = "1"
+RESERVED_PARAMETERS = frozenset(
+    {"binary_data_output", "timeout", "priority", "sequence_id", "sequence_start", "sequence_end"}
+)
+"""Request parameters of the protocol or of Triton's clients, taken and not acted on beyond `binary_data_output`."""
+
+Timeout = Callable[[Request], float | None]
+
+
+def add_v2_routes(app: FastAPI, timeout: Timeout) -> None:
+    common: dict[str, Any] = {"tags": ["open-inference-protocol"]}
+
+    @app.get("/v2", **common)
+    async def server_metadata() -> Any:
+        """Server metadata: name, version, extensions."""
+        return {"name": SERVER_NAME, "version": VERSION, "extensions": ["binary_tensor_data"]}
+
+    @app.get("/v2/health/live", **common)
+    async def server_live(request: Request) -> Response:
+        """200 while the process can serve."""
+        return Response(status_code=503 if _engine(request).state.failure else 200)
+
+    @app.get("/v2/health/ready", **common)
+    async def server_ready(request: Request) -> Response:
+        """200 while every model is loaded and the server takes requests."""
+        return Response(status_code=200 if _ready(_engine(request)) else 503)
+
+    @app.get("/v2/models/{name}/ready", **common)
+    @app.get("/v2/models/{name}/versions/{version}/ready", **common)
+    async def model_ready(name: str, request: Request, version: str = "") -> Response:
+        """200 when the model is loaded and the server takes requests."""
+        engine = _engine(request)
+        return Response(status_code=200 if name in engine.models and _ready(engine) else 400)
+
+    @app.get("/v2/models/{name}", **common)
+    @app.get("/v2/models/{name}/versions/{version}", **common)
+    async def model_metadata(name: str, request: Request, version: str = "") -> Response:
+        """The model's input and output tensors."""
+        return await _answer(lambda: _metadata(_model(_engine(request), name, version)))
+
+    @app.post("/v2/models/{name}/infer", **common)
+    @app.post("/v2/models/{name}/versions/{version}/infer", **common)
+    async def infer(name: str, request: Request, version: str = "") -> Response:
+        """Run the model on named tensors (JSON, or the binary tensor data extension)."""
+        engine = _engine(request)
+
+        async def run() -> Response:
+            return await _infer(engine, _model(engine, name, version), request, timeout(request))
+
+        return await _answer(run)
+
+
+async def _answer(make: Callable[[], Awaitable[Response] | Response]) -> Response:
+    """`make()`'s response, or the protocol's error body for a domain error (the status from the service's table)."""
+    try:
+        result = make()
+        return await result if isinstance(result, Awaitable) else result
+    except ServiceError as error:
+        status = http_status(error)
+        headers = {"retry-after": "1"} if status in (429, 503) else None
+        return JSONResponse({"error": clip_message(error.message, MAX_MESSAGE_BYTES)}, status, headers=headers)
+    except Exception as error:  # a bug: the service's 500 `internal`, with the id of its log line
+        internal = unexpected_error_response(error)
+        message = orjson.loads(internal.body)["error"]["message"]
+        return JSONResponse({"error": message}, internal.status_code)
+
+
+def _ready(engine: Engine) -> bool:
+    state = engine.state
+    return state.ready and not state.draining and state.failure is None
+
+
+def _model(engine: Engine, name: str, version: str) -> LoadedModel:
+    model = engine.models.get(name)
+    if model is None:
+        raise UnknownModel(f"unknown model {name!r}; loaded: {', '.join(engine.models) or 'none'}")
+    if version not in ("", MODEL_VERSION):
+        raise UnknownModel(f"model {name!r} has version {MODEL_VERSION} only, not {version!r}")
+    if model.bundle.task not in INPUTS:
+        raise InvalidInput(f"model {name!r} serves {model.bundle.task}, not served over this protocol")
+    return engine.model_for(model.bundle.task, name)  # NotReady while loading or stopping
+
+
+def _metadata(model: LoadedModel) -> Response:
+    task = model.bundle.task
+
+    def tensors(specs: Any) -> list[dict[str, Any]]:
+        return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+
+    body = {
+        "name": model.name,
+        "versions": [MODEL_VERSION],
+        "platform": f"{SERVER_NAME}_{task}",
+        "inputs": tensors(INPUTS[task]),
+        "outputs": tensors(OUTPUTS[task]),
+        "parameters": {"labels": ",".join(model.bundle.manifest.labels)} if task == "classify" else {},
+    }
+    return JSONResponse(body)
+
+
+async def _infer(engine: Engine, model: LoadedModel, request: Request, timeout_s: float | None) -> Response:
+    head, raw = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
+    inputs = _input_tensors(head, raw)
+    parameters = head.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("parameters: send an object")
+    unknown = sorted(set(parameters) - RESERVED_PARAMETERS)
+    if unknown:
+        raise InvalidInput(f"parameters: {', '.join(unknown)} not taken by this server")
+    outcome = await engine.submit(task_input(model.bundle.task, inputs), model=model.name, timeout_s=timeout_s)
+    outputs = result_tensors(model.bundle.task, list(model.bundle.manifest.labels), outcome.results)
+    binary = _wanted_outputs(head, outputs, bool(parameters.get("binary_data_output", False)))
+    return _response(model, head.get("id"), outputs, binary, outcome.headers())
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """The JSON head and the raw tensor bytes after it (binary extension), or the whole JSON body."""
+    size = len(body)
+    if header_length is not None:
+        try:
+            size = int(header_length)
+        except ValueError:
+            raise InvalidInput(f"{HEADER_LENGTH} must be a number of bytes, got {header_length[:50]!r}") from None
+        if not 0 < size <= len(body):
+            raise InvalidInput(f"{HEADER_LENGTH} {size} does not fit the body of {len(body)} bytes")
+    try:
+        head = orjson.loads(body[:size])
+    except orjson.JSONDecodeError as error:
+        raise InvalidJson(f"the request's JSON is not valid: {error}") from None
+    if not isinstance(head, dict):
+        raise InvalidInput("the request must be a JSON object with inputs")
+    return head, body[size:]
+
+
+def _input_tensors(head: dict[str, Any], raw: bytes) -> dict[str, Tensor]:
+    items = head.get("inputs")
+    if not isinstance(items, list) or not items:
+        raise InvalidInput("inputs: send a list of named tensors")
+    tensors: dict[str, Tensor] = {}
+    offset = 0
+    for item in items:
+        name, datatype, shape = _tensor_head(item)
+        size = (item.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(raw):
+                raise InvalidInput(f"inputs: tensor {name}'s binary_data_size {size} does not fit the body")
+            tensors[name] = from_raw(name, datatype, shape, raw[offset : offset + size])
+            offset += size
+        else:
+            tensors[name] = from_json(name, datatype, shape, item.get("data"))
+    if offset != len(raw):
+        raise InvalidInput(f"the body has {len(raw) - offset} bytes after its tensors")
+    return tensors
+
+
+def _tensor_head(item: Any) -> tuple[str, str, list[int]]:
+    if not isinstance(item, dict):
+        raise InvalidInput("inputs: each tensor is an object {name, datatype, shape, data}")
+    name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
+    if not isinstance(name, str) or not isinstance(datatype, str):
+        raise InvalidInput("inputs: each tensor needs a name and a datatype")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) or len(shape) > 4:
+        raise InvalidInput(f"inputs: tensor {name}'s shape must be a list of sizes")
+    return name, datatype, shape
+
+
+def _wanted_outputs(head: dict[str, Any], outputs: list[Tensor], binary_default: bool) -> dict[str, bool]:
+    """Output name -> whether it is sent in binary form; only the requested ones when some are named."""
+    requested = head.get("outputs")
+    if requested is None:
+        return {tensor.name: binary_default for tensor in outputs}
+    if not isinstance(requested, list):
+        raise InvalidInput("outputs: send a list of {name}")
+    names = {tensor.name for tensor in outputs}
+    wanted: dict[str, bool] = {}
+    for item in requested:
+        name = item.get("name") if isinstance(item, dict) else None
+        if name not in names:
+            raise InvalidInput(f"outputs: unknown tensor {name!r}; this model puts out {', '.join(sorted(names))}")
+        wanted[name] = bool((item.get("parameters") or {}).get("binary_data", binary_default))
+    return wanted
+
+
+def _response(
+    model: LoadedModel, request_id: Any, outputs: list[Tensor], binary: dict[str, bool], headers: dict[str, str]
+) -> Response:
+    described, blobs = [], []
+    for tensor in outputs:
+        if tensor.name not in binary:
+            continue
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+        if binary[tensor.name]:
+            blob = to_raw(tensor)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = to_json(tensor)
+        described.append(entry)
+    head = {"model_name": model.name, "model_version": MODEL_VERSION, "outputs": described}
+    if isinstance(request_id, str):
+        head["id"] = request_id
+    body = orjson.dumps(head)
+    if blobs:
+        headers = {**headers, HEADER_LENGTH: str(len(body))}
+        return Response(body + b"".join(blobs), media_type="application/octet-stream", headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _engine(request: Request) -> Engine:
+    engine: Engine = request.app.state.engine
+    return engine
