@@ -35,6 +35,7 @@ EXTRACT = "/bert.v1.QA/Extract"
 RECOGNIZE = "/bert.v1.NER/Recognize"
 EMBED = "/bert.v1.Embedder/Embed"
 FILL = "/bert.v1.FillMask/Fill"
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 MASK = "[MASK]"
 CHARS_PER_TOKEN = 4
 """Rough characters per WordPiece token of English text: sizes a QA context to a number of windows."""
@@ -145,6 +146,28 @@ def rest_sweeps(models: dict[str, ModelInfo], texts: Texts, count: int) -> list[
         masked = f"the film was {MASK} from start to end."
         sweeps.append(Sweep("/fill-mask top_k", "rest", lambda i: _rest("/fill-mask top_k", "/fill-mask",
                             {"inputs": masked, "top_k": 1 + i}), count))  # fmt: skip
+    return sweeps + _other_api_sweeps(models, sentence, count)
+
+
+def _other_api_sweeps(models: dict[str, ModelInfo], sentence: str, count: int) -> list[Sweep]:
+    """The shapes of the other APIs the server speaks (Hugging Face's, TEI's, the Open Inference Protocol's),
+    each with a new value of a name or an option per request."""
+    sweeps = [
+        Sweep("/models/<name>", "rest", lambda i: _rest("/models/<name>", f"/models/hostile-{i}",
+              {"inputs": sentence, "parameters": {}}), count),
+        Sweep("/tokenize inputs", "rest", lambda i: _rest("/tokenize inputs", "/tokenize",
+              {"inputs": f"{sentence} {i}"}), count),
+        Sweep("/v2 model name", "rest", lambda i: _rest("/v2 model name", f"/v2/models/hostile-{i}/infer",
+              {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [sentence]}]}), count),
+    ]  # fmt: skip
+    if "classify" in models:
+        name = models["classify"].name
+        sweeps += [
+            Sweep("/models/<name> parameter", "rest", lambda i: _rest("/models/<name> parameter", f"/models/{name}",
+                  {"inputs": sentence, "parameters": {f"hostile_{i}": i}}), count),
+            Sweep("/v2 infer id", "rest", lambda i: _rest("/v2 infer id", f"/v2/models/{name}/infer", {"id": f"h-{i}",
+                  "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [sentence]}]}), count),
+        ]  # fmt: skip
     return sweeps
 
 
@@ -422,7 +445,29 @@ def malformed_rest(models: dict[str, ModelInfo], limits: Limits) -> list[Malform
     if "embed" in models:
         cases.append(_m("token ids to /v1/embeddings", _rest("token ids to /v1/embeddings", "/v1/embeddings",
                         {"input": [[101, 2023, 102]]})))  # fmt: skip
-    return cases
+    return cases + _malformed_other_apis(models)
+
+
+def _malformed_other_apis(models: dict[str, ModelInfo]) -> list[Malformed]:
+    """Bad requests in the shapes of the other APIs the server speaks."""
+    v2_path = f"/v2/models/{models['classify'].name}/infer" if "classify" in models else "/v2/models/x/infer"
+    binary = (("inference-header-content-length", "999999"),)
+    return [
+        _m("/decode a huge id", _rest("/decode a huge id", "/decode", {"ids": [10**12]})),
+        _m("/decode 200,000 ids", _rest("/decode 200,000 ids", "/decode", {"ids": [1] * 200_000})),
+        _m("/predict a triple", _rest("/predict a triple", "/predict", {"inputs": ["a", "b", "c"]})),
+        _m("/tokenize no inputs", _rest("/tokenize no inputs", "/tokenize", {"inputs": []})),
+        _m("/models inputs a number", _rest("/models inputs a number", "/models/x", {"inputs": 5})),
+        _m("/v2 infer no inputs", _rest("/v2 infer no inputs", v2_path, {"inputs": []})),
+        _m("/v2 infer header length past the body", _raw_rest("/v2 infer header length past the body",
+           b'{"inputs": []}', v2_path, binary)),
+        _m("/v2 infer binary size past the body", _rest("/v2 infer binary size past the body", v2_path,
+           {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 9}}]})),
+        _m("/v2 infer shape and data disagree", _rest("/v2 infer shape and data disagree", v2_path,
+           {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "data": ["a"]}]})),
+        _m("/v2 infer FP32 text", _rest("/v2 infer FP32 text", v2_path,
+           {"inputs": [{"name": "text", "datatype": "FP32", "shape": [1], "data": [1.5]}]})),
+    ]  # fmt: skip
 
 
 def _words(chars: int) -> str:
@@ -503,6 +548,7 @@ def malformed_grpc(models: dict[str, ModelInfo], limits: Limits) -> list[Malform
         _m("100 metadata entries", GrpcRequest("100 metadata entries", CLASSIFY, text,
            metadata=tuple((f"x-flood-{i}", "v" * 40) for i in range(100))), "ok", "client-error", "rejected"),
     ]  # fmt: skip
+    cases.append(_m("garbage ModelInferRequest", GrpcRequest("garbage ModelInferRequest", MODEL_INFER, garbage)))
     for task, method in (("qa", EXTRACT), ("ner", RECOGNIZE), ("embed", EMBED)):
         if task in models:
             name = f"garbage {method.rsplit('/', 1)[1]}Request"

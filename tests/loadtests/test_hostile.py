@@ -235,7 +235,17 @@ def test_a_sound_server_passes_every_bound(fake_server: str, tmp_path: Path) -> 
     assert len(summary["checks"]) >= 20
     sweeps = target["hostile"]["phases"][1]["sweeps"]
     assert {name: sweep["sent"] for name, sweep in sweeps.items()} == dict.fromkeys(
-        ["/classify top_k", "/classify model", "/classify x-request-timeout-ms"], 30
+        [
+            "/classify top_k",
+            "/classify model",
+            "/classify x-request-timeout-ms",
+            "/models/<name>",
+            "/tokenize inputs",
+            "/v2 model name",
+            "/models/<name> parameter",
+            "/v2 infer id",
+        ],
+        30,
     )
     assert target["summary"]["endpoints"]["max-size: small /classify"]["ok"] >= 30
     for name in ("report.md", "latency.png", "rss.png", "external_samples.csv", "external_rss.json"):
@@ -322,6 +332,11 @@ def test_the_tiny_server_through_both_front_doors(tiny: tuple[Path, Path], tmp_p
         "Classify top_k",
         "Classify model",
         "Classify deadline+metadata",
+        "/models/<name>",
+        "/models/<name> parameter",
+        "/tokenize inputs",
+        "/v2 model name",
+        "/v2 infer id",
     }
     assert rows["distinct"]["statuses"]["Classify model"] == {"INVALID_ARGUMENT": 10} or rows["distinct"]["statuses"]
     grpc_cases = [case for case in rows["malformed"]["cases"] if "Request" in case["case"] or "method" in case["case"]]

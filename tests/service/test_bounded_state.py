@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from tritonclient.grpc import service_pb2 as v2
 
 from bert_model.tokenization import MAX_TRUNCATING_COPIES
 from service.grpc_api.stubs import bert_pb2 as pb
@@ -71,11 +72,31 @@ def _rest(client: httpx.Client, value: int) -> set[int]:
         ("/fill-mask", {"inputs": "The mill stood by the [MASK].", "top_k": 1 + value % 100}),
         ("/classify", {"inputs": "text", "model": f"no-such-model-{value}"}),
         ("/qa", {"question": "q", "context": "c", "model": f"tiny-qa-{value}"}),
+        # the shapes of other APIs, with new values of their options and names
+        ("/models/tiny-classify", {"inputs": "a text", "parameters": {"top_k": 1 + value % 2, f"p{value}": 1}}),
+        (f"/models/tiny-missing-{value}", {"inputs": "a text", "parameters": {}}),
+        ("/models/tiny-ner", {"inputs": "Ada in London", "parameters": {"ignore_labels": [f"L{value}"]}}),
+        ("/predict", {"inputs": [["a", f"b {value}"]], "raw_scores": value % 2 == 0}),
+        ("/tokenize", {"inputs": f"token {value}", "add_special_tokens": value % 2 == 0}),
+        ("/decode", {"ids": [101, 1000 + value, 102]}),
+        (f"/v2/models/tiny-classify/versions/{value}/infer", {"inputs": []}),
+        (
+            "/v2/models/tiny-qa/infer",
+            {
+                "id": f"request-{value}",
+                "inputs": [
+                    {"name": "question", "datatype": "BYTES", "shape": [1], "data": [f"q {value}"]},
+                    {"name": "context", "datatype": "BYTES", "shape": [1], "data": [CONTEXT]},
+                ],
+            },
+        ),
     ]
     statuses = {client.post(path, json=body, headers=headers).status_code for path, body in bodies}
     statuses.add(client.post(f"/no/such/path/{value}", json={}, headers=headers).status_code)
     statuses.add(client.get(f"/x{value}/models", headers=headers).status_code)
     statuses.add(client.get(f"/health/x{value}").status_code)
+    statuses.add(client.get(f"/v1/models/missing-{value}").status_code)
+    statuses.add(client.get(f"/v2/models/missing-{value}").status_code)
     return statuses
 
 
@@ -110,6 +131,18 @@ def _grpc(channel: grpc.Channel, value: int) -> set[grpc.StatusCode]:
             codes.add(grpc.StatusCode.OK)
         except grpc.RpcError as error:
             codes.add(error.code())
+    v2_call = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=v2.ModelInferRequest.SerializeToString,
+        response_deserializer=v2.ModelInferResponse.FromString,
+    )
+    request = v2.ModelInferRequest(model_name="tiny-classify", id=f"call-{value}", model_version=str(value % 3))
+    request.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"fine")
+    try:
+        v2_call(request, metadata=metadata, timeout=20)
+        codes.add(grpc.StatusCode.OK)
+    except grpc.RpcError as error:
+        codes.add(error.code())
     try:
         channel.unary_unary(f"/bert.v1.Nothing/Method{value}")(b"", timeout=5)
     except grpc.RpcError as error:
@@ -167,7 +200,8 @@ def test_new_request_values_leave_the_server_state_as_it_was(served: tuple[httpx
     assert second == first
     assert first["copies_within_bound"] and first["in_progress"] == 0 and first["executor_jobs"] == 0
     routes = {dict(labels)["route"] for labels in first["metric_label_sets"]["bertserve_requests"]}
-    methods = {f"/{s.full_name}/{m.name}" for s in pb.DESCRIPTOR.services_by_name.values() for m in s.methods}
+    services = [*pb.DESCRIPTOR.services_by_name.values(), *v2.DESCRIPTOR.services_by_name.values()]
+    methods = {f"/{s.full_name}/{m.name}" for s in services for m in s.methods}
     paths = set(app.openapi()["paths"]) | {getattr(route, "path", None) for route in app.routes}
     assert routes <= paths | methods | {"unmatched"}, routes  # route templates, never what a caller sent
     assert rss_second - rss_first < 40, (rss_first, rss_second)
