@@ -39,13 +39,14 @@ FUSED_OPS: tuple[str, ...] = (
 
 
 def sample_inputs(config: BertConfig, batch: int = 2, seq_len: int = 16) -> tuple[torch.Tensor, ...]:
-    """Deterministic int64 inputs for tracing: real-looking ids, a padded second row, two segments."""
+    """Deterministic int64 inputs for tracing: real-looking ids, a padded second row, two segments where the model
+    has two token types (segment 0 alone for RoBERTa's single type; DistilBERT's graph takes none)."""
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(1000 % config.vocab_size, config.vocab_size, (batch, seq_len), generator=generator)
     attention_mask = torch.ones(batch, seq_len, dtype=torch.int64)
     attention_mask[1:, seq_len // 2 :] = 0
     token_type_ids = torch.zeros(batch, seq_len, dtype=torch.int64)
-    token_type_ids[:, seq_len // 2 :] = 1
+    token_type_ids[:, seq_len // 2 :] = min(1, max(config.type_vocab_size - 1, 0))
     return input_ids, attention_mask, token_type_ids
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bert_model.config import BertConfig
+from bert_model.config import FAMILIES, BertConfig, check_model_type
 from bert_model.heads import (
     BertForMaskedLM,
     BertForQuestionAnswering,
@@ -38,14 +38,18 @@ from bert_model.registry import resolve_model_path
 from bert_model.tasks.embeddings import MASKED_MAX, NORMALIZE_EPS, POOLING_MODES
 from bundles.spec import OUTPUT_NAMES
 
-ARCHITECTURE_TASKS: dict[str, str] = {
-    "BertForSequenceClassification": "classify",
-    "BertForQuestionAnswering": "qa",
-    "BertForTokenClassification": "ner",
-    "BertModel": "embed",
-    "BertForMaskedLM": "fill-mask",
-    "BertForPreTraining": "fill-mask",
+HEAD_TASKS: dict[str, str] = {
+    "ForSequenceClassification": "classify",
+    "ForQuestionAnswering": "qa",
+    "ForTokenClassification": "ner",
+    "Model": "embed",
+    "ForMaskedLM": "fill-mask",
 }
+"""The serving task of each `transformers` architecture suffix, the same in every family."""
+ARCHITECTURE_TASKS: dict[str, str] = {
+    family.class_prefix + suffix: task for family in FAMILIES.values() for suffix, task in HEAD_TASKS.items()
+} | {"BertForPreTraining": "fill-mask"}
+"""Architecture name in config.json (`RobertaForQuestionAnswering`, ...) -> its serving task."""
 TASK_CLASSES: dict[str, type[nn.Module]] = {
     "classify": BertForSequenceClassification,
     "qa": BertForQuestionAnswering,
@@ -58,8 +62,9 @@ serves fill-mask through its masked-LM head; its NSP head and pooler are not rea
 
 
 def task_of_folder(folder: Path) -> str:
-    """The serving task of a checkpoint folder, from config.json `architectures` (no entry: `embed`); a
-    masked-LM or pretraining checkpoint is `fill-mask` (`load_task_model(..., task="embed")` serves its encoder)."""
+    """The serving task of a checkpoint folder of any supported family, from config.json `architectures` (no entry:
+    `embed`); a masked-LM or pretraining checkpoint is `fill-mask` (`load_task_model(..., task="embed")` serves its
+    encoder). An unsupported `model_type` gets the one message every loader gives."""
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} is not a model folder: no config.json")
@@ -69,12 +74,14 @@ def task_of_folder(folder: Path) -> str:
         raise ValueError(f"{config_file} is not valid JSON: {error}") from error
     if not isinstance(data, dict):
         raise ValueError(f"{config_file} must hold a JSON object")
-    architectures = data.get("architectures") or ["BertModel"]
+    model_type = check_model_type(data.get("model_type", "bert"))
+    architectures = data.get("architectures") or [FAMILIES[model_type].class_prefix + "Model"]
     for architecture in architectures:
         if architecture in ARCHITECTURE_TASKS:
             return ARCHITECTURE_TASKS[architecture]
     raise ValueError(
-        f"{folder}: architectures {architectures} name no servable task; expected one of {sorted(ARCHITECTURE_TASKS)}"
+        f"{folder}: architectures {architectures} name no servable task; expected a {model_type} architecture ending "
+        f"in one of {sorted(HEAD_TASKS)} (e.g. {FAMILIES[model_type].class_prefix}ForSequenceClassification)"
     )
 
 

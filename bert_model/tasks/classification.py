@@ -1,8 +1,10 @@
 """Sequence classification: encode texts or text pairs, and turn logits into ranked `{label, score}` lists.
 
 Reference: Devlin et al. (2019), section 4.1 (GLUE): the [CLS] representation feeds a linear layer and a
-softmax over the labels. One feature per input; texts longer than `max_seq_length` are truncated
-(`longest_first`), or refused with `InputTooLongError` when `truncation="none"`. Torch-free.
+softmax over the labels. One feature per input, framed as the tokenizer's template frames it (`[CLS] A [SEP] B
+[SEP]`, RoBERTa's `<s> A </s></s> B </s>`), with segment ids 0 throughout for a model without token types; texts
+longer than `max_seq_length` are truncated (`longest_first`), or refused with `InputTooLongError` when
+`truncation="none"`. Torch-free.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 import numpy as np
+from tokenizers import Encoding
 
 from bert_model.config import PROBLEM_TYPES
 from bert_model.tasks.features import Feature, OutputRows, check_aligned
@@ -45,9 +48,15 @@ def build_classification_features(
     """Encode `texts` (and `pairs`, as second segments) into one feature per input, in order."""
     encodings = tokenizer.encode_batch(texts, pairs, max_length=max_seq_length, truncation=truncation)
     return [
-        ClassificationFeature(request_index=index, input_ids=list(e.ids), token_type_ids=list(e.type_ids))
+        ClassificationFeature(request_index=index, input_ids=list(e.ids), token_type_ids=segment_ids(tokenizer, e))
         for index, e in enumerate(encodings)
     ]
+
+
+def segment_ids(tokenizer: BertTokenizer, encoding: Encoding) -> list[int]:
+    """The segment ids of an encoding as the model takes them: the template's, or 0 throughout for a model without
+    token types (RoBERTa, DistilBERT)."""
+    return list(encoding.type_ids) if tokenizer.uses_token_types else [0] * len(encoding.ids)
 
 
 def default_score_function(problem_type: str | None, num_labels: int) -> ScoreFunction:
@@ -147,4 +156,5 @@ __all__ = [
     "default_score_function",
     "label_scores",
     "predicted_label_ids",
+    "segment_ids",
 ]

@@ -8,7 +8,14 @@ model batch:
 
 `collate` pads any list of features into the int64 arrays named in `bundles.spec.INPUT_NAMES`.
 Post-processing accepts each feature's output row with or without padding (rows may come from batches padded
-to different lengths). Torch-free.
+to different lengths). The special tokens and segment ids around a text or a pair are the tokenizer's template
+(`BertTokenizer.template`: `[CLS] A [SEP]`, `<s> A </s></s> B </s>`), never written out here.
+
+Character offsets of tokens (`token_spans`) cover the token's characters only: a byte-level BPE or SentencePiece
+token carries the space before its word (`Ġworld`, `▁world`), which a tokenizer without `trim_offsets` counts into
+its span, and a token of whitespace alone (a lone `Ġ`, `\r`) covers nothing; answers and entities start and end on
+text, never on the space around it (`trim_span`). WordPiece tokens never hold whitespace, so BERT's offsets are the
+tokenizer's. Spans are then widened to whole grapheme clusters (`bert_model.tasks.offsets`). Torch-free.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bert_model.tasks.offsets import whole_clusters
 from bert_model.tokenization import pad_rows
 
 OutputRows = np.ndarray | Sequence[np.ndarray]
@@ -86,3 +94,29 @@ def check_aligned(features: Sequence[Feature], outputs: OutputRows, name: str) -
     """Raise ValueError unless there is exactly one output row per feature."""
     if len(features) != len(outputs):
         raise ValueError(f"got {len(features)} features but {len(outputs)} {name} rows")
+
+
+def trim_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """[start, end) of `text` without the whitespace at either end; a span of whitespace alone becomes the empty span
+    at its end, and an empty span stays as it is."""
+    if end <= start:
+        return start, end
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return (start, end) if end > start else (end, end)
+
+
+def trimmed_spans(text: str, offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Each token's character span in `text` (from the tokenizer's `offsets`) without surrounding whitespace;
+    (0, 0) stays (0, 0)."""
+    return [
+        trim_span(text, s, e) if e > s and (text[s].isspace() or text[e - 1].isspace()) else (int(s), int(e))
+        for s, e in offsets
+    ]
+
+
+def token_spans(text: str, offsets: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`trimmed_spans`, widened to whole grapheme clusters."""
+    return whole_clusters(text, trimmed_spans(text, offsets))

@@ -5,7 +5,8 @@ the vocabulary (over `targets` only when given), its `top_k` best as `{score, to
 where `sequence` is the input with that one mask filled, decoded without padding; special tokens are left
 out of it when the input has one mask and kept when it has several (so the other masks stay visible).
 Unlike the pipeline, a target that is not one vocabulary entry is refused (the pipeline silently replaces it
-by its first word piece). A bundle's graph scores the mask tokens only (export/wrapper.py): a feature's output row
+by its first word piece). The mask token is the tokenizer's own ([MASK], RoBERTa's <mask>) unless a caller
+names one. A bundle's graph scores the mask tokens only (export/wrapper.py): a feature's output row
 is (M, V), the logits of its mask tokens in position order, then filler rows up to its batch's most masks.
 Torch-free: numpy + tokenizers.
 """
@@ -18,11 +19,13 @@ from typing import TypedDict
 import numpy as np
 
 import bert_model.tasks.defaults as defaults
+from bert_model.tasks.classification import segment_ids
 from bert_model.tasks.features import Feature
 from bert_model.tasks.numeric import softmax
 from bert_model.tokenization import BertTokenizer, Truncation
 
 DEFAULT_MASK_TOKEN = "[MASK]"
+"""BERT's mask token (a bundle manifest without a `mask_token` means it)."""
 
 
 class FillMaskResult(TypedDict):
@@ -32,8 +35,10 @@ class FillMaskResult(TypedDict):
     sequence: str
 
 
-def mask_token_id(tokenizer: BertTokenizer, mask_token: str = DEFAULT_MASK_TOKEN) -> int:
-    """The id of `mask_token`; ValueError when the vocabulary has no such token."""
+def mask_token_id(tokenizer: BertTokenizer, mask_token: str | None = None) -> int:
+    """The id of `mask_token` (None: the tokenizer's own); ValueError when the vocabulary has no such token."""
+    if mask_token is None:
+        return tokenizer.mask_id
     token_id = tokenizer.token_to_id(mask_token)
     if token_id is None:
         raise ValueError(f"the tokenizer has no mask token {mask_token!r}")
@@ -71,10 +76,11 @@ def build_fill_mask_features(
     *,
     max_seq_length: int = 512,
     truncation: Truncation = "longest_first",
-    mask_token: str = DEFAULT_MASK_TOKEN,
+    mask_token: str | None = None,
 ) -> list[Feature]:
-    """One feature per text; each must hold `mask_token` (ValueError naming the text otherwise, also when
-    truncation cut every mask off)."""
+    """One feature per text; each must hold `mask_token` (None: the tokenizer's own; ValueError naming the text
+    otherwise, also when truncation cut every mask off)."""
+    mask_token = tokenizer.mask_token if mask_token is None else mask_token
     mask_id = mask_token_id(tokenizer, mask_token)
     features = []
     for index, encoding in enumerate(tokenizer.encode_batch(texts, max_length=max_seq_length, truncation=truncation)):
@@ -86,7 +92,7 @@ def build_fill_mask_features(
                 )
             raise ValueError(f"input {index} has no mask token: put {mask_token} where a word should be predicted")
         features.append(
-            Feature(request_index=index, input_ids=list(encoding.ids), token_type_ids=list(encoding.type_ids))
+            Feature(request_index=index, input_ids=list(encoding.ids), token_type_ids=segment_ids(tokenizer, encoding))
         )
     return features
 
@@ -98,7 +104,7 @@ def fill_mask_postprocess(
     *,
     top_k: int = defaults.FILL_MASK_TOP_K,
     targets: Sequence[int] | None = None,
-    mask_token: str = DEFAULT_MASK_TOKEN,
+    mask_token: str | None = None,
 ) -> dict[int, list[list[FillMaskResult]]]:
     """Per request index: for each mask position in order, the `top_k` best fills (at most len(targets)).
     `mask_logits` holds one (M, V) row per feature: the logits of its mask tokens in position order first."""

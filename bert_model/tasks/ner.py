@@ -17,7 +17,10 @@ Words are the pre-tokenizer's words for raw text (BERT splits on whitespace and 
 case and accents). Long texts are split into windows of `max_seq_length` tokens overlapping by `stride`; each
 token's prediction comes from the window where it sits farthest from the edge. A text is tokenized once
 (`encode_ner_texts`) and its windows cut from those tokens (`ner_window_features`), so their number is known
-(`NERInputs.window_counts`) before any is built. Torch-free.
+(`NERInputs.window_counts`) before any is built. A window is framed by the tokenizer's single-text template
+(`[CLS] tokens [SEP]`, `<s> tokens </s>`); token spans leave out the space a byte-level BPE or SentencePiece token
+carries (`bert_model.tasks.features.token_spans`), so `word == text[start:end]` never starts or ends on whitespace.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -32,9 +35,16 @@ from tokenizers import Encoding
 
 import bert_model.tasks.defaults as defaults
 from bert_model.tasks.defaults import AGGREGATION_STRATEGIES, AggregationStrategy
-from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
+from bert_model.tasks.features import (
+    Feature,
+    OutputRows,
+    check_aligned,
+    feature_row,
+    token_spans,
+    trim_span,
+    trimmed_spans,
+)
 from bert_model.tasks.numeric import softmax
-from bert_model.tasks.offsets import whole_clusters
 from bert_model.tasks.windows import NER_SPECIAL_TOKENS, token_windows, window_count
 from bert_model.tokenization import BertTokenizer
 
@@ -55,14 +65,14 @@ class Entity(TypedDict):
 
 @dataclass(eq=False)
 class NERFeature(Feature):
-    """One window of a text: [CLS] tokens [SEP]."""
+    """One window of a text: [CLS] tokens [SEP] (the tokenizer's single-text template)."""
 
     text: str
     """The whole original text (shared, not copied) that `offsets` index into."""
     offsets: list[tuple[int, int]]
-    """Per token: its character span in `text`; (0, 0) for [CLS] and [SEP]."""
+    """Per token: its character span in `text`; (0, 0) for the special tokens."""
     word_ids: list[int | None]
-    """Per token: index of its word in the whole text; None for [CLS] and [SEP]."""
+    """Per token: index of its word in the whole text; None for the special tokens."""
     word_starts: list[bool]
     """Per token: True for the first piece of its word (judged over the whole text, not just this window)."""
     owned_start: int
@@ -129,10 +139,12 @@ class NERInputs:
     encodings: list[Encoding]
     max_seq_length: int
     stride: int
+    special_tokens: int = NER_SPECIAL_TOKENS
+    """Special tokens of a window (the tokenizer's single-text template)."""
 
     def window_counts(self) -> list[int]:
         """Windows per text, computed from the token counts without building them."""
-        room = self.max_seq_length - NER_SPECIAL_TOKENS
+        room = self.max_seq_length - self.special_tokens
         return [window_count(len(encoding.ids), room, self.stride) for encoding in self.encodings]
 
 
@@ -162,18 +174,19 @@ def encode_ner_texts(
     for index, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"text {index} must be a string, got {type(text).__name__}")
-    _check_window(max_seq_length, stride)
+    specials = tokenizer.template.single_specials
+    _check_window(max_seq_length, stride, specials)
     encodings = tokenizer.backend.encode_batch(list(texts), add_special_tokens=False)
-    return NERInputs(list(texts), list(encodings), max_seq_length, stride)
+    return NERInputs(list(texts), list(encodings), max_seq_length, stride, specials)
 
 
 def ner_window_features(tokenizer: BertTokenizer, inputs: NERInputs) -> list[NERFeature]:
-    """[CLS] window of the text [SEP] for every window of every text, in input order."""
+    """Every window of every text in the tokenizer's single-text template, in input order."""
     features: list[NERFeature] = []
     for index, (text, encoding) in enumerate(zip(inputs.texts, inputs.encodings, strict=True)):
         word_ids = [w if w is not None else -1 for w in encoding.word_ids]
         num_words = max(word_ids, default=-1) + 1
-        offsets = whole_clusters(text, encoding.offsets)
+        offsets = token_spans(text, encoding.offsets)
         features += _windows(
             tokenizer, index, text, encoding.ids, offsets, word_ids, num_words, inputs.max_seq_length, inputs.stride
         )
@@ -194,7 +207,7 @@ def build_ner_word_features(
             raise TypeError(f"sentence {index} must be a list of words, not a string")
         text, spans = join_words(words)
         encoding = tokenizer.backend.encode(text, add_special_tokens=False)
-        offsets = [(int(s), int(e)) for s, e in encoding.offsets]
+        offsets = trimmed_spans(text, encoding.offsets)
         word_starts = [s for s, _ in spans]
         word_ids = [bisect.bisect_right(word_starts, start) - 1 for start, _ in offsets]
         features += _windows(
@@ -226,23 +239,25 @@ def _windows(
     max_seq_length: int,
     stride: int,
 ) -> list[NERFeature]:
-    room = max_seq_length - NER_SPECIAL_TOKENS
-    _check_window(max_seq_length, stride)
+    template = tokenizer.template
+    before, after = len(template.single_prefix.ids), len(template.single_suffix.ids)
+    _check_window(max_seq_length, stride, before + after)
     starts = [wid >= 0 and (t == 0 or word_ids[t - 1] != wid) for t, wid in enumerate(word_ids)]
-    bounds = window_bounds(len(ids), room, stride)
+    bounds = window_bounds(len(ids), max_seq_length - before - after, stride)
     features = []
     for number, ((first, stop), (own_first, own_stop)) in enumerate(bounds):
+        input_ids, token_type_ids = template.single(ids[first:stop])
         features.append(
             NERFeature(
                 request_index=index,
-                input_ids=[tokenizer.cls_id, *ids[first:stop], tokenizer.sep_id],
-                token_type_ids=[0] * (stop - first + 2),
+                input_ids=input_ids,
+                token_type_ids=token_type_ids,
                 text=text,
-                offsets=[NO_OFFSET, *offsets[first:stop], NO_OFFSET],
-                word_ids=[None, *(w if w >= 0 else None for w in word_ids[first:stop]), None],
-                word_starts=[False, *starts[first:stop], False],
-                owned_start=own_first - first + 1,
-                owned_end=own_stop - first + 1,
+                offsets=[NO_OFFSET] * before + offsets[first:stop] + [NO_OFFSET] * after,
+                word_ids=[None] * before + [w if w >= 0 else None for w in word_ids[first:stop]] + [None] * after,
+                word_starts=[False] * before + starts[first:stop] + [False] * after,
+                owned_start=own_first - first + before,
+                owned_end=own_stop - first + before,
                 num_words=num_words,
                 window_index=number,
             )
@@ -250,10 +265,11 @@ def _windows(
     return features
 
 
-def _check_window(max_seq_length: int, stride: int) -> None:
-    if max_seq_length - NER_SPECIAL_TOKENS < 1 or not 0 <= stride < max_seq_length - NER_SPECIAL_TOKENS:
+def _check_window(max_seq_length: int, stride: int, specials: int = NER_SPECIAL_TOKENS) -> None:
+    if max_seq_length - specials < 1 or not 0 <= stride < max_seq_length - specials:
         raise ValueError(
-            f"need max_seq_length >= 3 and 0 <= stride < max_seq_length - 2, got {max_seq_length}, {stride}"
+            f"need max_seq_length >= {specials + 1} and 0 <= stride < max_seq_length - {specials}, got "
+            f"{max_seq_length}, {stride}"
         )
 
 
@@ -352,25 +368,30 @@ def group_entities(
     strategy: AggregationStrategy = defaults.NER_AGGREGATION,
     ignore_labels: Sequence[str] = ("O",),
 ) -> list[Entity]:
-    """Entities of one text from its token probabilities (see the module docstring for the strategies)."""
+    """Entities of one text from its token probabilities (see the module docstring for the strategies). A token (or
+    word) that shares a character with the one before it (the bytes of one character in byte-level BPE, a mark
+    the pre-tokenizer split from its letter) continues that one's entity; an entity of whitespace alone (a
+    byte-level BPE token of a line break) is none."""
     if tokens.probs.shape[-1] != len(labels):
         raise ValueError(f"logits have {tokens.probs.shape[-1]} labels but {len(labels)} label names were given")
     pieces = _token_pieces(tokens, labels) if strategy in ("none", "simple") else _word_pieces(tokens, labels, strategy)
     if strategy == "none":
-        return [_entity(tokens.text, [p], p.label) for p in pieces if p.label not in ignore_labels]
+        entities = [_entity(tokens.text, [p], p.label) for p in pieces if p.label not in ignore_labels]
+        return [e for e in entities if e["end"] > e["start"]]
     groups: list[list[_Piece]] = []
     for piece in pieces:
         bi, tag = split_tag(piece.label)
-        if groups and bi != "B" and split_tag(groups[-1][-1].label)[1] == tag:
+        continues = bi != "B" and split_tag(groups[-1][-1].label)[1] == tag if groups else False
+        if continues or (groups and piece.start < groups[-1][-1].end):  # a character is in one entity at most
             groups[-1].append(piece)
         else:
             groups.append([piece])
     entities = [_entity(tokens.text, group, split_tag(group[0].label)[1]) for group in groups]
-    return [e for e in entities if e["entity_group"] not in ignore_labels]
+    return [e for e in entities if e["entity_group"] not in ignore_labels and e["end"] > e["start"]]
 
 
 def _entity(text: str, pieces: list[_Piece], group: str) -> Entity:
-    start, end = pieces[0].start, pieces[-1].end
+    start, end = trim_span(text, pieces[0].start, pieces[-1].end)
     score = float(np.mean([p.score for p in pieces]))
     return {"entity_group": group, "score": score, "word": text[start:end], "start": start, "end": end}
 
@@ -385,7 +406,10 @@ def _word_pieces(tokens: TokenPredictions, labels: Sequence[str], strategy: str)
     position = 0
     while position < len(tokens.word_ids):
         stop = position + 1
-        while stop < len(tokens.word_ids) and not tokens.word_starts[stop] and tokens.word_ids[stop] >= 0:
+        while stop < len(tokens.word_ids) and (
+            (not tokens.word_starts[stop] and tokens.word_ids[stop] >= 0)
+            or tokens.offsets[stop][0] < tokens.offsets[stop - 1][1]
+        ):
             stop += 1
         distribution = _word_distribution(tokens.probs[position:stop], strategy)
         best = int(np.argmax(distribution))

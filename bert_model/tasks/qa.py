@@ -4,16 +4,18 @@ References: Devlin et al. (2019), section 4.2-4.3 (a start and an end vector sco
 maximises start + end logits with end >= start; SQuAD 2.0 predicts "no answer" when the [CLS] span beats the
 best span by a threshold tuned on dev data); Rajpurkar et al. (2016, 2018) for the data and answers.
 
-Windows: the question comes first (at most `max_query_length` tokens), the context second; contexts longer
-than one window are split into windows sharing `doc_stride` tokens (Hugging Face's `run_qa.py` convention,
-the windows of the tokenizer's `only_second` truncation with that stride). Each question and context is
+Windows: the question comes first (at most `max_query_length` tokens), the context second, framed by the
+tokenizer's pair template (`[CLS] q [SEP] c [SEP]`, RoBERTa's `<s> q </s></s> c </s>`); contexts longer than one
+window are split into windows sharing `doc_stride` tokens (Hugging Face's `run_qa.py` convention, the windows of
+the tokenizer's `only_second` truncation with that stride). Each question and context is
 tokenized once, without special tokens (`encode_qa_inputs`); the windows are cut from those tokens
 (`qa_window_features`), so their number is known (`QAInputs.window_counts`) before any is built.
 
 Every window is scored with log-softmax over its context tokens and [CLS]; spans from all windows of a question
 compete on that probability (as Hugging Face's question-answering pipeline does), duplicates of one character
-span keep their best score. Answers carry character offsets into the original context, and
-`answer == context[start:end]` always holds. Torch-free.
+span keep their best score. Answers carry character offsets into the original context, never starting or ending on
+whitespace (`bert_model.tasks.features.token_spans`, `trim_span`), and `answer == context[start:end]` always holds.
+Torch-free.
 """
 
 from __future__ import annotations
@@ -26,9 +28,8 @@ import numpy as np
 from tokenizers import Encoding
 
 import bert_model.tasks.defaults as defaults
-from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row
+from bert_model.tasks.features import Feature, OutputRows, check_aligned, feature_row, token_spans, trim_span
 from bert_model.tasks.numeric import log_softmax
-from bert_model.tasks.offsets import whole_clusters
 from bert_model.tasks.windows import QA_SPECIAL_TOKENS, token_windows, window_count
 from bert_model.tokenization import BertTokenizer
 
@@ -46,7 +47,7 @@ class Answer(TypedDict):
 
 @dataclass(eq=False)
 class QAFeature(Feature):
-    """One window: [CLS] question [SEP] part of the context [SEP]."""
+    """One window: [CLS] question [SEP] part of the context [SEP] (the tokenizer's pair template)."""
 
     context: str
     """The whole original context (shared, not copied) that `offsets` index into."""
@@ -86,6 +87,8 @@ class QASettings:
     """Question tokens kept (longer questions are cut)."""
     max_answer_length: int = defaults.QA_MAX_ANSWER_LENGTH
     """Longest answer span, in tokens."""
+    special_tokens: int = QA_SPECIAL_TOKENS
+    """Special tokens of a window (the tokenizer's pair template: 3 for BERT, 4 for RoBERTa)."""
 
     def __post_init__(self) -> None:
         for name in ("max_seq_length", "max_query_length", "max_answer_length"):
@@ -94,11 +97,12 @@ class QASettings:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.doc_stride, int) or self.doc_stride < 0:
             raise ValueError(f"doc_stride must be a non-negative integer, got {self.doc_stride!r}")
-        room = self.max_seq_length - self.max_query_length - 3
+        room = self.max_seq_length - self.max_query_length - self.special_tokens
         if self.doc_stride >= room:
             raise ValueError(
                 f"doc_stride ({self.doc_stride}) must be smaller than the context room of a window: max_seq_length "
-                f"({self.max_seq_length}) - max_query_length ({self.max_query_length}) - 3 = {room}"
+                f"({self.max_seq_length}) - max_query_length ({self.max_query_length}) - {self.special_tokens} special "
+                f"tokens = {room}"
             )
 
 
@@ -117,8 +121,8 @@ class QAInputs:
     settings: QASettings
 
     def context_room(self, index: int) -> int:
-        """Context tokens per window of pair `index`: what its question and the three special tokens leave."""
-        return self.settings.max_seq_length - len(self.questions[index].ids) - QA_SPECIAL_TOKENS
+        """Context tokens per window of pair `index`: what its question and the special tokens leave."""
+        return self.settings.max_seq_length - len(self.questions[index].ids) - self.settings.special_tokens
 
     def window_counts(self) -> list[int]:
         """Windows per (question, context), computed from the token counts without building them."""
@@ -157,7 +161,7 @@ def encode_qa_inputs(
     max_query_length: int = defaults.QA_MAX_QUERY_LENGTH,
 ) -> QAInputs:
     """Tokenize every question (cut to `max_query_length` tokens) and context once, for `qa_window_features`."""
-    settings = QASettings(max_seq_length, doc_stride, max_query_length)
+    settings = QASettings(max_seq_length, doc_stride, max_query_length, special_tokens=tokenizer.template.pair_specials)
     _check_inputs(questions, contexts)
     backend = tokenizer.backend
     encoded = backend.encode_batch(list(questions), add_special_tokens=False)
@@ -179,24 +183,27 @@ def encode_qa_inputs(
 
 
 def qa_window_features(tokenizer: BertTokenizer, inputs: QAInputs) -> list[QAFeature]:
-    """[CLS] question [SEP] window of the context [SEP] for every window of every pair, in input order."""
+    """question + window of the context in the tokenizer's pair template, for every window of every pair, in input
+    order."""
+    template = tokenizer.template
     features: list[QAFeature] = []
     for index, (question, context) in enumerate(zip(inputs.questions, inputs.contexts, strict=True)):
-        head = [tokenizer.cls_id, *question.ids, tokenizer.sep_id]
-        ids, offsets = context.ids, whole_clusters(inputs.context_texts[index], context.offsets)
+        text = inputs.context_texts[index]
+        ids, offsets = context.ids, token_spans(text, context.offsets)
+        context_start = template.second_start(len(question.ids))
         windows = token_windows(len(ids), inputs.context_room(index), inputs.settings.doc_stride)
         for number, (first, stop) in enumerate(windows):
-            size = stop - first
-            context_start = len(head)
+            input_ids, token_type_ids = template.pair(question.ids, ids[first:stop])
+            after = len(input_ids) - context_start - (stop - first)
             features.append(
                 QAFeature(
                     request_index=index,
-                    input_ids=[*head, *ids[first:stop], tokenizer.sep_id],
-                    token_type_ids=[0] * len(head) + [1] * (size + 1),
-                    context=inputs.context_texts[index],
-                    offsets=[NO_OFFSET] * len(head) + offsets[first:stop] + [NO_OFFSET],
+                    input_ids=input_ids,
+                    token_type_ids=token_type_ids,
+                    context=text,
+                    offsets=[NO_OFFSET] * context_start + offsets[first:stop] + [NO_OFFSET] * after,
                     context_start=context_start,
-                    context_end=context_start + size,
+                    context_end=context_start + stop - first,
                     window_index=number,
                 )
             )
@@ -354,7 +361,7 @@ def _window_spans(
         if not np.isfinite(flat[position]):
             continue
         d, i = divmod(int(position), count)
-        start_char = feature.offsets[first + i][0]
-        end_char = feature.offsets[first + i + d][1]
-        spans.append(((start_char, end_char), float(flat[position])))
+        span = trim_span(feature.context, feature.offsets[first + i][0], feature.offsets[first + i + d][1])
+        if span[1] > span[0]:  # a span of whitespace alone answers nothing
+            spans.append((span, float(flat[position])))
     return spans
