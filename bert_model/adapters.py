@@ -14,11 +14,14 @@ A composite folder stays small by storing only what training changed:
 
 `load_composite_state` (called by `bert_model.checkpoint.load_checkpoint_state`) rebuilds the full state dict:
 base weights + merged LoRA updates + deltas + head. Factors and deltas may be stored in float16: they are
-combined with the float32 base in float32.
+combined with the float32 base in float32. Every name in the adapter file is ours (Hugging Face BERT's), whatever
+the family: the base's own tensors (`roberta.*`, `distilbert.transformer.*`, ...) are renamed to ours before they
+are compared with, or combined with, what training changed; config.json names the family's architecture.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -32,15 +35,25 @@ from torch import nn
 
 from bert_model.config import META_KEY, BertConfig
 from bert_model.registry import resolve_model_path
-from bert_model.weights import read_state_dict
+from bert_model.weights import read_state_dict, to_our_names
 
 ADAPTER_FILE = "adapter.safetensors"
 DELTA_PREFIX = "delta."
 LORA_SUFFIXES = (".lora_A", ".lora_B")
 HEAD_MODULES = ("classifier", "qa_outputs")
 """Task heads: always fully trained (and stored as values)."""
-# Dimensions that must agree between a composite's config and its base model's config.
-_SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+# The family and the dimensions that must agree between a composite's config and its base model's config.
+_SHAPE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "embedding_width",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
 
 
 @dataclass
@@ -61,7 +74,8 @@ class LoRAConfig:
     train_bias: bool = True
     """Also train the biases of the encoder's linear layers (stored as deltas)."""
     extra_modules: tuple[str, ...] = ()
-    """Further modules trained in full (e.g. `bert.pooler` for classification), stored as deltas."""
+    """Further modules trained in full (e.g. `bert.pooler` for classification), stored as deltas; a name the model
+    does not have trains nothing."""
 
     def __post_init__(self) -> None:
         self.target_modules = tuple(self.target_modules)
@@ -200,7 +214,7 @@ def save_composite(
         **(extra_meta or {}),
     }
     config = config.replace(extra={**config.extra, META_KEY: meta})
-    config.save(target, architecture=type(model).__name__)
+    config.save(target, architecture=getattr(model, "architecture", type(model).__name__))
     save_file(tensors, str(target / ADAPTER_FILE), metadata={"format": "pt", "base_model": base_model})
     return target
 
@@ -208,7 +222,8 @@ def save_composite(
 def composite_tensors(
     model: nn.Module, base_state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float16
 ) -> dict[str, torch.Tensor]:
-    """LoRA factors, deltas of trained base parameters and values of new ones, cast to `dtype`."""
+    """LoRA factors, deltas of trained base parameters and values of new ones, cast to `dtype`. `base_state` is
+    under our names (`base_state_dict`), with or without the `bert.` prefix."""
     base = {_bare(k): v for k, v in base_state.items()}
     tensors: dict[str, torch.Tensor] = {}
     for name, parameter in model.named_parameters():
@@ -235,7 +250,7 @@ def load_composite_state(folder: str | Path, config: BertConfig) -> dict[str, to
         raise ValueError(f"{source}/config.json has no {META_KEY}.base_model: it is not a composite folder")
     base_folder = _base_folder(source, str(base_name))
     _check_base_config(base_folder, config, source)
-    state = {_bare(k): v.float() for k, v in read_state_dict(base_folder).items()}
+    state = base_state_dict(base_folder)
     adapter = (meta.get("adapter") or {}).get("file", ADAPTER_FILE)
     stored = _read_adapter(source / adapter)
     lora = (meta.get("adapter") or {}).get("lora") or {}
@@ -253,6 +268,28 @@ def load_composite_state(folder: str | Path, config: BertConfig) -> dict[str, to
         elif not key.endswith(".lora_B"):
             state[_bare(key)] = value.float()
     return state
+
+
+def base_state_dict(folder: Path, config: BertConfig | None = None) -> dict[str, torch.Tensor]:
+    """The float32 weights of a base model folder under our names without the `bert.` prefix: a plain checkpoint
+    of any family (read with the names of its own head, so that e.g. DistilBERT's `pre_classifier` is our
+    `classifier.dense`), or a composite over its own base."""
+    config = config or BertConfig.load(folder)
+    meta = config.extra.get(META_KEY)
+    if isinstance(meta, dict) and meta.get("base_model"):
+        return load_composite_state(folder, config)
+    state = to_our_names(read_state_dict(folder), config.model_type, _head_suffix(folder, config))
+    return {_bare(k): v.float() for k, v in state.items()}
+
+
+def _head_suffix(folder: Path, config: BertConfig) -> str:
+    """The head part of the architecture config.json names (`ForMaskedLM`), `Model` when it names none."""
+    architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    prefix = config.family.class_prefix
+    first = architectures[0] if isinstance(architectures, list) and architectures else None
+    if isinstance(first, str) and first.startswith(prefix):
+        return first.removeprefix(prefix)
+    return "Model"
 
 
 def _read_adapter(path: Path) -> dict[str, torch.Tensor]:

@@ -1,19 +1,80 @@
 """What the pretraining and the fine-tuning loops share: the learning-rate shape, AdamW's parameter groups, the
-`metrics.jsonl` log and the result of a run.
+`metrics.jsonl` log, the result of a run, and whether bf16 autocast is worth using on this machine.
 
 - Schedule (Devlin et al. 2019, appendix A.2 and A.3): linear warm-up to the peak rate, then linear decay to zero.
 - Weight decay (Loshchilov & Hutter 2019, decoupled) skips biases and LayerNorm parameters, as in the reference
   implementation of BERT.
+- Precision: bf16 autocast pays only where the CPU multiplies bf16 in hardware (AVX512_BF16 dot products or AMX
+  tiles). Elsewhere (AVX2, or AVX-512 without BF16) oneDNN emulates it through conversions, many times slower than
+  fp32, so a requested bf16 run trains in fp32 instead and says so once (`resolve_bf16`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
+
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+"""CPU features (as /proc/cpuinfo and torch's cpuinfo name them) that compute bf16 matrix products natively."""
+_WARNED: set[str] = set()
+"""Activities (`training`, `evaluating`) whose fp32 fallback was already announced in this process."""
+
+
+def cpu_flags() -> frozenset[str]:
+    """The features of this CPU: torch's own cpuinfo query, else the `flags` line of /proc/cpuinfo (Linux)."""
+    query = getattr(torch._C._cpu, "_get_cpu_capability", None)
+    if callable(query):
+        capability = query()
+        if isinstance(capability, dict):
+            return frozenset(name for name, present in capability.items() if present is True)
+    return _proc_cpuinfo_flags()
+
+
+def _proc_cpuinfo_flags(path: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def native_bf16(flags: Collection[str] | None = None) -> bool:
+    """Whether the CPU (with these feature `flags`, default: this machine's) computes bf16 natively."""
+    return bool(NATIVE_BF16_FLAGS & set(cpu_flags() if flags is None else flags))
+
+
+def resolve_bf16(
+    requested: bool,
+    device_type: str = "cpu",
+    flags: Collection[str] | None = None,
+    activity: str = "training",
+    announce: bool = True,
+) -> bool:
+    """Whether to run under bf16 autocast: as requested on an accelerator, on a CPU only where bf16 is native.
+
+    A request the CPU cannot honour falls back to fp32 with one warning line per activity and process (a run
+    asks once per loop, evaluation asks again: the user is told once); `announce=False` keeps it quiet (the other
+    processes of a distributed run, whose main process says it).
+    """
+    if not requested or device_type != "cpu" or native_bf16(flags):
+        return requested
+    if announce and activity not in _WARNED:
+        _WARNED.add(activity)
+        logger.warning("bf16 requested but this CPU has no native bf16 (AVX512_BF16/AMX): %s in fp32", activity)
+    return False
 
 
 def lr_multiplier(step: float, warmup_steps: int, total_steps: int) -> float:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from bert_model.tasks.features import Feature, collate
 
@@ -42,6 +43,17 @@ def inference_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]
 def model_inputs(features: Sequence[Feature], pad_id: int) -> dict[str, torch.Tensor]:
     """`input_ids`, `attention_mask`, `token_type_ids` as int64 tensors (B, S)."""
     return {name: torch.from_numpy(array) for name, array in collate(features, pad_id).items()}
+
+
+def fit_segments(inputs: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """`inputs` with every token in segment 0 when the model has fewer than two segment embeddings (RoBERTa and
+    XLM-R have one, DistilBERT none): those families read a pair as one sequence, as their own tokenizers encode
+    it, while a BERT-style pair template gives the second text segment ids their embedding tables lack."""
+    config = getattr(model, "config", None)
+    segments = getattr(config, "type_vocab_size", 2)
+    if segments >= 2 or "token_type_ids" not in inputs:
+        return inputs
+    return {**inputs, "token_type_ids": torch.zeros_like(inputs["token_type_ids"])}
 
 
 def pad_token_labels(labels: Sequence[Sequence[int]], width: int, ignore_index: int = -100) -> torch.Tensor:

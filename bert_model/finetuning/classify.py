@@ -1,7 +1,9 @@
 """Fine-tuning recipe for text classification (single texts or pairs, any label set).
 
-Devlin et al. (2019), section 4.1: [CLS] -> pooler -> linear -> softmax, cross-entropy. Label names are
-kept in the saved config as `id2label` / `label2id` (Hugging Face compatible).
+Devlin et al. (2019), section 4.1: [CLS] -> pooler -> linear -> softmax, cross-entropy (BERT, ALBERT); RoBERTa,
+XLM-R, ELECTRA and DistilBERT classify from the first token through their own two-layer head instead
+(`heads.BertForSequenceClassification`). Label names are kept in the saved config as `id2label` / `label2id`
+(Hugging Face compatible).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class ClassifyRecipe(TaskRecipe):
     primary_metric: ClassVar[str] = "accuracy"
     output_names: ClassVar[tuple[str, ...]] = ("logits",)
     lora_extra_modules: ClassVar[tuple[str, ...]] = ("bert.pooler",)
+    """With LoRA, the pooler trains in full where the family classifies from it (BERT, ALBERT). The first-token
+    head of the other families (`classifier.dense`, `classifier.out_proj`) lies under `classifier`, which LoRA always
+    trains in full (`adapters.HEAD_MODULES`); those models have no pooler, so this name trains nothing there."""
 
     def __init__(
         self, tokenizer: BertTokenizer, options: ClassifyOptions | None = None, labels: list[str] | None = None

@@ -14,14 +14,14 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from bert_model.finetuning.batching import inference_batches, model_inputs
+from bert_model.finetuning.batching import fit_segments, inference_batches, model_inputs
 from bert_model.tasks.features import Feature
 
 SEQUENCE_OUTPUTS = ("start_logits", "end_logits")
 
 
 def autocast(enabled: bool) -> contextlib.AbstractContextManager[None]:
-    """bf16 autocast on CPU when `enabled`, else a no-op."""
+    """bf16 autocast on CPU when `enabled`, else a no-op (the caller decides: `bert_model.training.resolve_bf16`)."""
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast("cpu", dtype=torch.bfloat16)
@@ -45,7 +45,7 @@ def predict_rows(
     try:
         with torch.inference_mode(), autocast(bf16):
             for batch in _progress(batches, progress):
-                outputs = model(**model_inputs([features[i] for i in batch], pad_id))
+                outputs = model(**fit_segments(model_inputs([features[i] for i in batch], pad_id), model))
                 for name in output_names:
                     values = getattr(outputs, name).float().numpy()
                     per_token = name in SEQUENCE_OUTPUTS or values.ndim == 3  # (B, S) or (B, S, C)

@@ -7,10 +7,17 @@ Output folder of `finetune`:
     metrics.jsonl                     training-loss lines and one line per evaluation
     eval_results.json                 the final evaluation on the whole eval set (best checkpoint)
     run.json                          the options, data files, seed, steps and wall time of the run
+
+The model may be of any family of the encoder (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, ALBERT): the head
+class arranges itself from the folder's config (`BertConfig.family`), a full folder is saved in the family's own
+layout (transformers loads it back), and a LoRA composite names the family's architecture. The tokenizer is the
+folder's (`BertTokenizer.from_pretrained`); it must pad with the model's `pad_token_id` where positions count from
+it (RoBERTa, XLM-R). bf16 autocast is used only where the CPU computes bf16 natively.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import platform
@@ -21,19 +28,19 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from bert_model.adapters import LoRAConfig, apply_lora, save_composite, trainable_parameter_count
-from bert_model.checkpoint import PreTrainedMixin, load_checkpoint_state
+from bert_model.adapters import LoRAConfig, apply_lora, base_state_dict, save_composite, trainable_parameter_count
+from bert_model.checkpoint import PreTrainedMixin
 from bert_model.config import META_KEY, BertConfig
 from bert_model.finetuning.classify import write_classify_predictions
 from bert_model.finetuning.ner import write_conll_predictions
-from bert_model.finetuning.options import ClassifyOptions, FinetuneRun
+from bert_model.finetuning.options import ClassifyOptions, FinetuneRun, TaskOptions
 from bert_model.finetuning.qa import QARecipe, write_squad_predictions
 from bert_model.finetuning.recipe import EvalOutcome, EvalSet, TaskRecipe
 from bert_model.finetuning.recipes import default_options, make_recipe, stored_settings
 from bert_model.finetuning.trainer import Trainer
 from bert_model.registry import TASK_MODELS, resolve_model_path
 from bert_model.tokenization import BertTokenizer
-from bert_model.training import MetricsLog
+from bert_model.training import MetricsLog, resolve_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +49,13 @@ logger = logging.getLogger(__name__)
 def finetune(run: FinetuneRun) -> dict[str, Any]:
     """Train, keep the best checkpoint on the eval set, save it to `run.out`; returns the run summary."""
     started = time.perf_counter()
-    options = run.training
+    options = dataclasses.replace(run.training, bf16=resolve_bf16(run.training.bf16))
     if options.threads:
         torch.set_num_threads(options.threads)
     torch.manual_seed(options.seed)
     out = Path(run.out)
     tokenizer = BertTokenizer.from_pretrained(run.model)
+    check_model_inputs(BertConfig.load(resolve_model_path(run.model)), tokenizer, run.task_options, run.model)
     recipe = make_recipe(run.task, tokenizer, run.task_options)
     train = recipe.load_train(run.train, options.max_train_examples)
     eval_set = recipe.load_eval(run.eval) if run.eval else None
@@ -89,6 +97,7 @@ def finetune(run: FinetuneRun) -> dict[str, Any]:
         "wall_seconds": round(time.perf_counter() - started, 1),
         "best_step": result.best_step,
         "eval": final.metrics if final else None,
+        "precision": "bf16-autocast" if options.bf16 else "fp32",
         "torch": torch.__version__,
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
@@ -97,6 +106,21 @@ def finetune(run: FinetuneRun) -> dict[str, Any]:
     if final is not None:
         (out / "eval_results.json").write_text(json.dumps(final.metrics, indent=2) + "\n")
     return summary
+
+
+def check_model_inputs(config: BertConfig, tokenizer: BertTokenizer, options: TaskOptions, model: str) -> None:
+    """Refuse, before any work, inputs the model would read wrongly: windows longer than its positions allow, and
+    (RoBERTa-style positions, counted from the padding id) a tokenizer that pads with another id."""
+    if options.max_seq_length > config.max_sequence_length:
+        raise ValueError(
+            f"max_seq_length {options.max_seq_length} is longer than {model!r} accepts ({config.max_sequence_length} "
+            "tokens)"
+        )
+    if config.family.positions_after_padding and tokenizer.pad_id != config.pad_token_id:
+        raise ValueError(
+            f"{model!r} is a {config.model_type} model whose positions count from pad_token_id {config.pad_token_id}, "
+            f"but its tokenizer pads with id {tokenizer.pad_id}: use the tokenizer the model was trained with"
+        )
 
 
 def _final_evaluation(
@@ -121,16 +145,21 @@ def save_model(
     settings = {"task": recipe.settings()}
     if lora is not None:
         base_folder = resolve_model_path(base_model)
-        base_state = load_checkpoint_state(base_folder, BertConfig.load(base_folder))
         base_name = base_model if _is_builtin(base_model) else str(base_folder)
-        save_composite(model, out, base_name, base_state, lora, extra_meta=settings)
+        save_composite(model, out, base_name, base_state_dict(base_folder), lora, extra_meta=settings)
         tokenizer.save(out)
-        (out / "tokenizer.json").unlink()  # vocab.txt + tokenizer_config.json rebuild it; keeps the folder small
+        if _is_wordpiece(tokenizer):
+            (out / "tokenizer.json").unlink()  # vocab.txt + tokenizer_config.json rebuild it; keeps the folder small
         return
     trained = cast(PreTrainedMixin, model)
     trained.config = trained.config.replace(extra={**trained.config.extra, META_KEY: settings})
     trained.save_pretrained(out)
     tokenizer.save(out)
+
+
+def _is_wordpiece(tokenizer: BertTokenizer) -> bool:
+    """Whether vocab.txt alone rebuilds the tokenizer (a WordPiece model; not byte-level BPE or Unigram)."""
+    return bool(json.loads(tokenizer.backend.to_str()).get("model", {}).get("type") == "WordPiece")
 
 
 def _is_builtin(name: str) -> bool:
@@ -164,10 +193,11 @@ def evaluate_model(
     options = options or default_options(task, settings)
     if label_map is not None and isinstance(options, ClassifyOptions):
         options.label_map = label_map
+    check_model_inputs(config, tokenizer, options, str(model_name))
     recipe = make_recipe(task, tokenizer, options, config)
     eval_set = recipe.load_eval(data)
     model = recipe.model_class().from_pretrained(folder)  # type: ignore[attr-defined]
-    outcome = recipe.evaluate(model, eval_set, limit, batch_size, bf16)
+    outcome = recipe.evaluate(model, eval_set, limit, batch_size, resolve_bf16(bf16, activity="evaluating"))
     if predictions is not None:
         write_predictions(task, Path(predictions), eval_set, outcome)
     return {

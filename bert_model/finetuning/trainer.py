@@ -1,5 +1,6 @@
-"""The training loop shared by every task: AdamW, warm-up + linear decay, bf16 autocast, periodic evaluation
-with best-checkpoint selection, and metrics as JSON lines.
+"""The training loop shared by every task: AdamW, warm-up + linear decay, bf16 autocast (as `options.bf16` says;
+`run.finetune` decides it from the CPU), periodic evaluation with best-checkpoint selection, and metrics as JSON
+lines.
 
 Schedule and optimizer follow Devlin et al. (2019), appendix A.3 (Adam with decoupled weight decay,
 Loshchilov & Hutter 2019; linear warm-up then linear decay). The best trainable parameters (by the task's
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from bert_model.finetuning.batching import training_batches
+from bert_model.finetuning.batching import fit_segments, training_batches
 from bert_model.finetuning.inference import autocast
 from bert_model.finetuning.options import TrainingOptions
 from bert_model.training import MetricsLog, TrainResult, lr_multiplier, parameter_groups
@@ -90,7 +91,7 @@ class Trainer:
         return self._queue.pop()
 
     def _step(self, batch: list[int], optimizer: torch.optim.Optimizer) -> float:
-        inputs = self.build_batch(batch)
+        inputs = fit_segments(self.build_batch(batch), self.model)
         with autocast(self.options.bf16):
             loss = self.model(**inputs).loss
         loss.backward()

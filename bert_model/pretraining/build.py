@@ -1,11 +1,16 @@
-"""`pretrain-data`: corpus files -> documents -> NSP instances -> (static) MLM masks -> sharded files.
+"""`pretrain-data`: corpus files -> documents -> instances -> (static) MLM masks -> sharded files.
+
+Two objectives. `mlm-nsp` (BERT, the default): within a block the reference procedure of google-research/bert
+`create_pretraining_data.py` runs: `dupe_factor` passes over the documents, each cutting fresh NSP pairs (and,
+with static masking, fresh masks), NotNext sides drawn from the other documents of the block. `mlm` (RoBERTa,
+Liu et al. 2019, section 4.2): no pairs and no NSP labels; each of the `dupe_factor` passes packs the block's
+documents, in a fresh random order, into full-sentence sequences that cross document boundaries (`packing.py`).
+Pair with `dynamic_masking` for the whole RoBERTa recipe (a new mask each time a sequence is read).
 
 The corpus is streamed in blocks of `documents_per_block` documents, so memory is bounded by a block, not by
-the corpus. Within a block the reference procedure of google-research/bert `create_pretraining_data.py` runs:
-`dupe_factor` passes over the documents, each cutting fresh NSP pairs (and, with static masking, fresh masks),
-NotNext sides drawn from the other documents of the block, and all the instances of the block shuffled before
-they are written. Whole documents are held out for evaluation (`eval_fraction`), each decided by one seeded
-draw, and their NotNext sides come only from other held-out documents. Everything is deterministic in `seed`.
+the corpus; all the instances of a block are shuffled before they are written. Whole documents are held out for
+evaluation (`eval_fraction`), each decided by one seeded draw (the same documents for both objectives), and
+their NotNext sides come only from other held-out documents. Everything is deterministic in `seed`.
 """
 
 from __future__ import annotations
@@ -19,12 +24,21 @@ from pathlib import Path
 import numpy as np
 
 from bert_model.pretraining.corpus import CORPUS_FORMATS, CorpusFormat, Document, check_corpus_files, iter_documents
-from bert_model.pretraining.instances import PairOptions, Segment, TokenizedDocument, create_instances_from_document
+from bert_model.pretraining.instances import (
+    PairOptions,
+    Segment,
+    TokenizedDocument,
+    TrainingInstance,
+    create_instances_from_document,
+)
 from bert_model.pretraining.masking import MaskingOptions, MaskingVocabulary, mask_tokens
+from bert_model.pretraining.packing import PackOptions, pack_full_sentences
 from bert_model.pretraining.shards import TOKENIZER_DIR, DataMeta, ShardWriter, SplitInfo
 from bert_model.tokenization import BertTokenizer
 
 _ENCODE_CHUNK = 4096  # sentences per call to the Rust tokenizer
+OBJECTIVES: tuple[str, ...] = ("mlm-nsp", "mlm")
+"""`mlm-nsp`: BERT's sentence pairs with next-sentence labels; `mlm`: RoBERTa's packed full sentences, no NSP."""
 
 
 @dataclass(frozen=True)
@@ -33,8 +47,10 @@ class DataOptions:
 
     max_seq_length: int = 128
     """Tokens per instance, [CLS] and both [SEP] included; must not exceed the model's positions."""
+    objective: str = "mlm-nsp"
+    """`mlm-nsp` (BERT: NSP pairs) or `mlm` (RoBERTa: full sentences packed across documents, no NSP)."""
     short_seq_prob: float = 0.1
-    """Probability of a shorter random target length (so the model also sees short inputs)."""
+    """Probability of a shorter random target length (so the model also sees short inputs); NSP pairs only."""
     dupe_factor: int = 5
     """Passes over the corpus, each with new NSP pairs (and new static masks)."""
     masking: MaskingOptions = field(default_factory=MaskingOptions)
@@ -63,7 +79,14 @@ class DataOptions:
             raise ValueError(f"documents_per_block must be at least 2, got {self.documents_per_block}")
         if self.corpus_format not in CORPUS_FORMATS:
             raise ValueError(f"corpus format must be one of {CORPUS_FORMATS}, got {self.corpus_format!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         PairOptions(self.max_seq_length, self.short_seq_prob, 0, 0)  # validates the lengths
+
+    @property
+    def min_documents(self) -> int:
+        """Documents a split needs: two for NSP (NotNext sides come from another document), else one."""
+        return 2 if self.objective == "mlm-nsp" else 1
 
 
 def build_pretraining_data(
@@ -120,7 +143,7 @@ def _check_result(meta: DataMeta, files: Sequence[Path], options: DataOptions) -
     names = ", ".join(str(p) for p in files)
     if train.documents == 0:
         raise ValueError(f"the corpus ({names}) holds no text: every file is empty or blank")
-    if train.documents < 2:
+    if train.documents < options.min_documents:
         raise ValueError(
             f"the corpus ({names}) has only one training document; next-sentence prediction needs at least two "
             "(NotNext pairs come from another document): separate documents with blank lines"
@@ -128,9 +151,9 @@ def _check_result(meta: DataMeta, files: Sequence[Path], options: DataOptions) -
     if train.instances == 0:
         raise ValueError(f"the corpus ({names}) produced no training instance")
     if options.eval_fraction > 0 and meta.splits.get("eval", SplitInfo()).instances == 0:
+        needed = "two documents, too few for NSP pairs" if options.min_documents == 2 else "one document"
         raise ValueError(
-            f"eval_fraction {options.eval_fraction} held out fewer than two documents, too few for NSP pairs: "
-            "raise it or use a larger corpus"
+            f"eval_fraction {options.eval_fraction} held out fewer than {needed}: raise it or use a larger corpus"
         )
 
 
@@ -141,6 +164,7 @@ class _SplitBuilder:
         self.tokenizer = tokenizer
         self.options = options
         self.pairs = PairOptions(options.max_seq_length, options.short_seq_prob, tokenizer.cls_id, tokenizer.sep_id)
+        self.packing = PackOptions(options.max_seq_length, tokenizer.cls_id, tokenizer.sep_id)
         specials = {tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id}
         self.vocab = MaskingVocabulary.build(tokenizer.mask_id, tokenizer.vocab_size, specials)
 
@@ -179,17 +203,13 @@ class _SplitBuilder:
         kept = [
             (doc, document.source) for doc, document in zip(self._tokenize(documents), documents, strict=True) if doc
         ]
-        if len(kept) < 2:
+        if len(kept) < self.options.min_documents:
             return  # nothing to pair with; the caller reports a corpus of one document
-        tokenized = [doc for doc, _ in kept]
         rng = np.random.default_rng([self.options.seed, 1 if split == "train" else 2, block])
         dupes = self.options.dupe_factor if split == "train" else 1
         instances = []
         for _ in range(dupes):
-            for index, (_, source) in enumerate(kept):
-                for instance in create_instances_from_document(tokenized, index, self.pairs, rng):
-                    instance.source = source
-                    instances.append(instance)
+            instances += self._instances(kept, rng)
         for position in rng.permutation(len(instances)):
             instance = instances[position]
             ids = np.asarray(instance.input_ids)
@@ -199,6 +219,20 @@ class _SplitBuilder:
                 starts = np.asarray(instance.word_start)
                 masked = mask_tokens(ids, self.options.masking, self.vocab, rng, starts)
             writer.add(instance, masked)
+
+    def _instances(self, kept: list[tuple[TokenizedDocument, int]], rng: np.random.Generator) -> list[TrainingInstance]:
+        """One pass over a block's documents: NSP pairs of each document, or the documents in a random order
+        packed into full-sentence sequences (each tagged with the source of its first document)."""
+        if self.options.objective == "mlm":
+            shuffled = [kept[i] for i in rng.permutation(len(kept))]
+            return pack_full_sentences([d for d, _ in shuffled], self.packing, [source for _, source in shuffled])
+        tokenized = [doc for doc, _ in kept]
+        instances: list[TrainingInstance] = []
+        for index, (_, source) in enumerate(kept):
+            for instance in create_instances_from_document(tokenized, index, self.pairs, rng):
+                instance.source = source
+                instances.append(instance)
+        return instances
 
     def _tokenize(self, documents: list[Document]) -> list[TokenizedDocument]:
         sentences = [sentence for document in documents for sentence in document.sentences]

@@ -26,6 +26,8 @@ import numpy as np
 
 IS_NEXT = 0
 NOT_NEXT = 1  # BERT's convention: label 1 means B is a random sentence
+NO_NSP_LABEL = -100
+"""The label of a sequence without a next-sentence task (MLM-only packing, `packing.py`): ignored by losses."""
 
 
 @dataclass
@@ -51,7 +53,8 @@ class TrainingInstance:
     segment_b_start: int
     """Index of the first token of B: token type 0 before it ([CLS] A [SEP]), 1 from it on (B [SEP])."""
     next_sentence_label: int
-    """0 = IsNext (B follows A in the document), 1 = NotNext (B comes from another document)."""
+    """0 = IsNext (B follows A in the document), 1 = NotNext (B comes from another document), NO_NSP_LABEL for a
+    packed MLM-only sequence (which has no B: segment_b_start is its length)."""
     source: int = 0
     """Index of the corpus file A comes from (for per-source statistics)."""
 

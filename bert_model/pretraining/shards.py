@@ -16,7 +16,7 @@ as concatenated token arrays plus offsets, so a sequence is `input_ids[offsets[i
 | `input_ids` | int32 (T,) | `[CLS] A [SEP] B [SEP]` ids, already corrupted when masking is static |
 | `offsets` | int64 (N+1,) | start of each instance in the concatenated arrays |
 | `segment_b_start` | int32 (N,) | index of B's first token: token type 0 before it, 1 from it on |
-| `next_sentence_label` | int8 (N,) | 0 IsNext, 1 NotNext |
+| `next_sentence_label` | int8 (N,) | 0 IsNext, 1 NotNext, -100 none (objective `mlm`: packed full sentences) |
 | `source` | int16 (N,) | index of the corpus file (in `meta.json` `corpus`) that segment A comes from |
 | `labels` | int32 (T,) | static masking only: original id at chosen positions, -100 elsewhere |
 | `word_start` | uint8 (T,) | dynamic masking only: 1 at the first piece of each word (for whole-word masking) |
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_model.pretraining.instances import TrainingInstance
+from bert_model.pretraining.instances import NOT_NEXT, TrainingInstance
 from bert_model.pretraining.masking import MaskedSequence
 
 FORMAT_VERSION = 1
@@ -76,6 +76,16 @@ class DataMeta:
     corpus: list[str]
     splits: dict[str, SplitInfo] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+
+    @property
+    def objective(self) -> str:
+        """`mlm-nsp` or `mlm` (`build.OBJECTIVES`); folders written before the option existed are `mlm-nsp`."""
+        return str(self.options.get("objective", "mlm-nsp"))
+
+    @property
+    def has_nsp(self) -> bool:
+        """Whether the instances carry next-sentence labels."""
+        return self.objective == "mlm-nsp"
 
     def fingerprint(self) -> str:
         """A short hash of this metadata (options, counts, shard sizes): differs when the data differs."""
@@ -133,7 +143,7 @@ class ShardWriter:
         self.info.shards.append(ShardInfo(name, len(self._pending), int(arrays["input_ids"].size)))
         self.info.instances += len(self._pending)
         self.info.tokens += int(arrays["input_ids"].size)
-        self.info.not_next += int(arrays["next_sentence_label"].sum())
+        self.info.not_next += int((arrays["next_sentence_label"] == NOT_NEXT).sum())
         if self.static_masking:
             self.info.masked_tokens += int((arrays["labels"] != -100).sum())
         self._pending = []

@@ -1,11 +1,14 @@
-"""The pretraining loop: masked LM + next-sentence prediction (Devlin et al. 2019, section 3.1, appendix A.2).
+"""The pretraining loop: masked LM + next-sentence prediction (Devlin et al. 2019, section 3.1, appendix A.2), or
+masked LM alone on data built with the `mlm` objective (Liu et al. 2019, RoBERTa, section 4.2).
 
 One optimizer step consumes `batch_size` sequences (the global batch), split over the processes of a torchrun
 job (DDP) and, within a process, over gradient-accumulation micro-batches. The loss of a step is the mean MLM
 cross-entropy over all the masked tokens of the global batch plus the mean NSP cross-entropy over its
 sequences: each micro-batch contributes its sums divided by the global counts, so the gradient is the same
 however the batch is split (one process or many, with or without accumulation). DDP averages gradients over
-processes, hence the factor `world_size`.
+processes, hence the factor `world_size`. Without NSP the pooler and the NSP head take no part in the loss: they
+are frozen (DDP would otherwise wait for their gradients), and the finished model is saved as a masked LM.
+bf16 autocast is used only where the device computes bf16 natively (`bert_model.training.resolve_bf16`).
 
 Every step's data, masks and dropout are decided by seeds and saved state, which makes a resumed run repeat
 the uninterrupted one (see resume.py). SIGINT / SIGTERM stop the run at the end of the current step with a
@@ -28,7 +31,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from bert_model.heads import IGNORE_INDEX, PreTrainingOutput
+from bert_model.heads import IGNORE_INDEX, BertForMaskedLM, BertForPreTraining, PreTrainingOutput
 from bert_model.pretraining.dataset import InstanceStream, MaskedInstance, collate, iter_split, token_counts
 from bert_model.pretraining.distributed import (
     DistContext,
@@ -44,7 +47,7 @@ from bert_model.pretraining.resume import ResumeState, checkpoint_path, load_che
 from bert_model.pretraining.shards import TOKENIZER_DIR, DataMeta
 from bert_model.pretraining.training_args import TrainingArgs
 from bert_model.tokenization import BertTokenizer
-from bert_model.training import MetricsLog, TrainResult
+from bert_model.training import MetricsLog, TrainResult, resolve_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +109,10 @@ class Trainer:
             args.attention_init,
             counts,
         )
+        if not self.meta.has_nsp:
+            freeze_nsp_parts(model)
         self.model = model.to(context.device)
+        self.bf16 = resolve_bf16(args.bf16, context.device.type, announce=context.is_main)
         self.optimizer = build_optimizer(self.model, args.optimizer, args.learning_rate, args.weight_decay)
         budget_s = None if args.time_budget_minutes is None else args.time_budget_minutes * 60
         self.schedule = WarmupLinearSchedule(
@@ -234,12 +240,15 @@ class Trainer:
 
     def _forward(self, chunk: list[MaskedInstance]) -> tuple[PreTrainingOutput, dict[str, torch.Tensor]]:
         batch = self._tensors(chunk)
-        with torch.autocast(self.context.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+        with torch.autocast(self.context.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             output = self.engine(**batch)
         return output, batch
 
     def _tensors(self, chunk: list[MaskedInstance]) -> dict[str, torch.Tensor]:
+        """The model's inputs and labels; without NSP no next-sentence labels (the model then skips that loss)."""
         arrays = collate(chunk, self.tokenizer.pad_id, multiple_of=self._pad_multiple)
+        if not self.meta.has_nsp:
+            del arrays["next_sentence_label"]
         return {name: torch.from_numpy(array).to(self.context.device) for name, array in arrays.items()}
 
     # ---- logging and evaluation ----------------------------------------------------------------------------
@@ -270,10 +279,8 @@ class Trainer:
         record["elapsed_s"] = self.elapsed_s
         self.metrics.write(record)
         if self.context.is_main:
-            tqdm.write(
-                f"step {step}: eval mlm_acc {record['mlm_acc']:.4f} nsp_acc {record['nsp_acc']:.4f} "
-                f"mlm_loss {record['mlm_loss']:.4f}"
-            )
+            nsp = f" nsp_acc {record['nsp_acc']:.4f}" if "nsp_acc" in record else ""
+            tqdm.write(f"step {step}: eval mlm_acc {record['mlm_acc']:.4f}{nsp} mlm_loss {record['mlm_loss']:.4f}")
         return record
 
     @torch.no_grad()
@@ -286,7 +293,7 @@ class Trainer:
         self.model.eval()
         try:
             for batch, source in self._eval_inputs():
-                with torch.autocast(self.context.device.type, dtype=torch.bfloat16, enabled=self.args.bf16):
+                with torch.autocast(self.context.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                     output = self.model(**batch)
                 sums.add(_batch_sums(output, batch))
                 per_source += _source_sums(output, batch, source, sources)
@@ -297,7 +304,7 @@ class Trainer:
         by_source = {
             Path(name).name: {
                 "mlm_acc": row[0] / max(row[1], 1),
-                "nsp_acc": row[2] / max(row[3], 1),
+                **({"nsp_acc": row[2] / max(row[3], 1)} if self.meta.has_nsp else {}),
                 "sequences": int(row[3]),
             }
             for name, row in zip(self.meta.corpus, per_source.tolist(), strict=True)
@@ -323,10 +330,13 @@ class Trainer:
         save_checkpoint(self.args.out, self.model, self.optimizer, state, self._run_identity(), self.context)
 
     def _save_final(self) -> None:
-        """The finished model and its tokenizer in OUT: loads with from_pretrained and fine-tunes."""
-        if self.context.is_main:
-            self.model.save_pretrained(self.args.out)
-            self.tokenizer.save(self.args.out)
+        """The finished model and its tokenizer in OUT: loads with from_pretrained and fine-tunes. An MLM-only
+        run saves a masked LM: its pooler and NSP head were never trained."""
+        if not self.context.is_main:
+            return
+        model = self.model if self.meta.has_nsp else masked_lm_of(self.model)
+        model.save_pretrained(self.args.out)
+        self.tokenizer.save(self.args.out)
 
     def _run_identity(self) -> dict[str, Any]:
         """The options a resumed run must share with the original, and a fingerprint of its data folder."""
@@ -334,20 +344,45 @@ class Trainer:
 
     def _write_args(self) -> None:
         if self.context.is_main:
-            payload = {"args": self.args.to_json(), "world_size": self.context.world_size, "data": self.meta.corpus}
+            payload = {
+                "args": self.args.to_json(),
+                "objective": self.meta.objective,
+                "precision": "bf16-autocast" if self.bf16 else "fp32",
+                "world_size": self.context.world_size,
+                "data": self.meta.corpus,
+            }
             (self.args.out / ARGS_FILE).write_text(json.dumps(payload, indent=2) + "\n")
 
 
+def freeze_nsp_parts(model: BertForPreTraining) -> None:
+    """Exclude the pooler and the NSP head from training (an MLM-only run never uses them)."""
+    for module in (model.bert.pooler, model.cls.seq_relationship):
+        if module is not None:
+            module.requires_grad_(False)
+
+
+def masked_lm_of(model: BertForPreTraining) -> BertForMaskedLM:
+    """The encoder and MLM head of a pretraining model as a BertForMaskedLM (sharing no tensors with it)."""
+    masked_lm = BertForMaskedLM(model.config)
+    wanted = masked_lm.state_dict()
+    state = {name: tensor.detach().cpu() for name, tensor in model.state_dict().items() if name in wanted}
+    masked_lm.load_checked(state, source="the pretraining model")
+    return masked_lm
+
+
 def _batch_sums(output: PreTrainingOutput, batch: dict[str, torch.Tensor]) -> BatchSums:
-    """The loss sums, counts and hits of one forward pass."""
+    """The loss sums, counts and hits of one forward pass (NSP sums zero when the batch has no NSP labels)."""
     labels = batch["labels"]
     targets = labels[labels != IGNORE_INDEX]  # lines up with the rows of masked_lm_logits
     masked = int(targets.numel())
     sequences = int(labels.shape[0])
-    assert output.masked_lm_logits is not None and output.mlm_loss is not None and output.nsp_loss is not None
+    assert output.masked_lm_logits is not None and output.mlm_loss is not None
     mlm_hits = (output.masked_lm_logits.argmax(-1) == targets).sum()
+    if output.nsp_loss is None:
+        return BatchSums(output.mlm_loss * masked, masked, mlm_hits, 0.0, 0, 0, sequences)
     nsp_hits = (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).sum()
-    return BatchSums(output.mlm_loss * masked, masked, mlm_hits, output.nsp_loss * sequences, sequences, nsp_hits)
+    nsp_sum = output.nsp_loss * sequences
+    return BatchSums(output.mlm_loss * masked, masked, mlm_hits, nsp_sum, sequences, nsp_hits, sequences)
 
 
 def _source_sums(
@@ -359,7 +394,12 @@ def _source_sums(
     row_of_prediction = chosen.nonzero()[:, 0].cpu()  # prediction rows follow the chosen positions row-major
     assert output.masked_lm_logits is not None
     mlm_hit = (output.masked_lm_logits.argmax(-1) == labels[chosen]).double().cpu()
-    nsp_hit = (output.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).double().cpu()
+    nsp_labels = batch.get("next_sentence_label")
+    nsp_hit = (
+        (output.seq_relationship_logits.argmax(-1) == nsp_labels).double().cpu()
+        if nsp_labels is not None
+        else torch.zeros(source.shape[0], dtype=torch.float64)
+    )
     prediction_source = source[row_of_prediction]
     return torch.stack(
         [

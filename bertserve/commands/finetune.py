@@ -68,7 +68,13 @@ class CliOption:
 RUN_OPTIONS = (
     CliOption("train", str, REQUIRED, "Training data file."),
     CliOption("out", str, REQUIRED, "Output folder for the model, metrics.jsonl, eval_results.json, run.json."),
-    CliOption("model", str, "minilm", "Model to start from: a checkpoint folder or built-in name."),
+    CliOption(
+        "model",
+        str,
+        "minilm",
+        "Model to start from: a checkpoint folder of any family (BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA, ALBERT) "
+        "or a built-in name.",
+    ),
     CliOption("eval_path", str | None, None, "Evaluation data: best-checkpoint selection + final scores.", ("--eval",)),
 )
 """What `FinetuneRun` takes besides the options classes: the data, the output folder, the starting model."""

@@ -60,7 +60,16 @@ def pretrain_data(
         str, typer.Option("--tokenizer", help="Tokenizer folder (from pretrain-vocab) or model name (minilm).")
     ] = "minilm",
     max_seq_length: Annotated[int, typer.Option(help="Tokens per instance, [CLS]/[SEP] included.")] = 128,
-    short_seq_prob: Annotated[float, typer.Option(help="Probability of a shorter random target length.")] = 0.1,
+    objective: Annotated[
+        str,
+        typer.Option(
+            help="mlm-nsp (BERT: sentence pairs with next-sentence labels) or mlm (RoBERTa: full sentences packed "
+            "across documents, no NSP; pair it with --dynamic-masking)."
+        ),
+    ] = "mlm-nsp",
+    short_seq_prob: Annotated[
+        float, typer.Option(help="Probability of a shorter random target length (NSP pairs).")
+    ] = 0.1,
     dupe_factor: Annotated[int, typer.Option(help="Passes over the corpus, each with new pairs and masks.")] = 5,
     masked_lm_prob: Annotated[float, typer.Option(help="Share of tokens chosen for masked LM.")] = 0.15,
     max_predictions_per_seq: Annotated[
@@ -80,7 +89,7 @@ def pretrain_data(
     seed: Annotated[int, typer.Option(help="Seed of every random choice.")] = 12345,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the contents of a non-empty --out.")] = False,
 ) -> None:
-    """Turn raw text into sharded masked-LM + next-sentence instances."""
+    """Turn raw text into sharded masked-LM (+ next-sentence) instances."""
     from bert_model.pretraining.build import DataOptions, build_pretraining_data
     from bert_model.pretraining.masking import MaskingOptions
     from bert_model.tokenization import BertTokenizer
@@ -89,6 +98,7 @@ def pretrain_data(
         cap = max_predictions_per_seq or math.ceil(max_seq_length * masked_lm_prob)
         options = DataOptions(
             max_seq_length=max_seq_length,
+            objective=objective,
             short_seq_prob=short_seq_prob,
             dupe_factor=dupe_factor,
             masking=MaskingOptions(masked_lm_prob, cap, whole_word),
@@ -102,10 +112,10 @@ def pretrain_data(
         )
         meta = build_pretraining_data(corpus, BertTokenizer.from_pretrained(tokenizer), out, options, overwrite)
     for name, info in meta.splits.items():
-        share = info.not_next / max(info.instances, 1)
+        labels = f"NotNext {info.not_next / max(info.instances, 1):.1%}" if meta.has_nsp else "no NSP labels"
         typer.echo(
             f"{name}: {info.documents} documents -> {info.instances} instances, {info.tokens} tokens, "
-            f"{len(info.shards)} shard(s), NotNext {share:.1%}"
+            f"{len(info.shards)} shard(s), {labels}"
         )
     typer.echo(f"wrote {out}")
 
@@ -132,7 +142,12 @@ def pretrain(
     warmup_steps: Annotated[int | None, typer.Option(help="Warm-up steps (default warmup-ratio x steps).")] = None,
     warmup_ratio: Annotated[float, typer.Option(help="Warm-up share of the steps.")] = 0.05,
     max_grad_norm: Annotated[float, typer.Option(help="Gradient clipping norm (0: off).")] = 1.0,
-    bf16: Annotated[bool, typer.Option("--bf16", help="bfloat16 autocast (CPU AVX-512 BF16 / AMX, GPU).")] = False,
+    bf16: Annotated[
+        bool,
+        typer.Option(
+            "--bf16", help="bfloat16 autocast where the device computes it natively (CPU AVX512-BF16 / AMX, GPU)."
+        ),
+    ] = False,
     eval_every: Annotated[int, typer.Option(help="Held-out evaluation every N steps (0: at the end).")] = 0,
     eval_max_instances: Annotated[int, typer.Option(help="Held-out instances per evaluation.")] = 2000,
     log_every: Annotated[int, typer.Option(help="Train metrics line every N steps.")] = 10,
@@ -157,7 +172,8 @@ def pretrain(
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Progress bar.")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
 ) -> None:
-    """Pretrain BERT with masked LM + next-sentence prediction (runs DDP under torchrun)."""
+    """Pretrain BERT with masked LM + next-sentence prediction, or masked LM alone on `--objective mlm` data
+    (runs DDP under torchrun)."""
     from bert_model.pretraining.trainer import pretrain as run_pretraining
     from bert_model.pretraining.training_args import TrainingArgs
 
@@ -199,5 +215,6 @@ def pretrain(
     state = "finished" if result.completed else "stopped (resume with --resume)"
     typer.echo(f"{state} at step {result.steps} after {result.seconds:.0f} s of training; run folder {args.out}")
     if result.last_eval:
-        summary = {k: round(result.last_eval[k], 4) for k in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc")}
+        keys = ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc")
+        summary = {k: round(result.last_eval[k], 4) for k in keys if k in result.last_eval}
         typer.echo(f"held-out: {json.dumps(summary)}")
