@@ -93,6 +93,14 @@ class VariantSpec:
     runtime_options: dict[str, Any] = field(default_factory=dict)
     """Settings for the runtime that executes the graph; for `provider == "OpenVINO"` (a graph run by the
     OpenVINO runtime, not ONNX Runtime) the `compile_model` properties, e.g. {"INFERENCE_PRECISION_HINT": "bf16"}."""
+    batch_invariant: bool | None = None
+    """Whether each input's outputs are the same (within the precision's tolerance) alone and batched beside other
+    inputs of the same and of other lengths, as judged at export (export/invariance.py). A variant that is not
+    serves only when forced or unbatched (`bundles.variant_choice`); None: not judged (a manifest written before
+    the judgment existed)."""
+    batch_invariance: dict[str, Any] = field(default_factory=dict)
+    """That judgment's figures: max_abs_diff between the outputs alone and batched, its tolerance, the batch shape
+    that gave it, rows and batches compared, argmax_agreement, and the provider and CPU it ran on."""
 
 
 @dataclass

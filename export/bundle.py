@@ -35,9 +35,11 @@ from bert_model.registry import resolve_model_path
 from bert_model.tokenization import BertTokenizer
 from bundles.runtimes import OpenedVariant, open_variant
 from bundles.spec import OUTPUT_NAMES, TOKENIZER_DIR, BundleManifest, VariantSpec, sequence_outputs
+from bundles.variant_choice import batch_dependence
 from export.canonicalize import canonicalize
 from export.encoder_guards import embedding_guard, fill_mask_guard
 from export.graph import export_onnx, fuse_bert, fused_op_counts
+from export.invariance import InvarianceResult, check_batch_invariance
 from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, judge_fp32, max_abs_diff
 from export.sentence_layout import EmbeddingSettings, embedding_settings
 from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard, served_task_settings
@@ -89,6 +91,11 @@ class BundleResult:
     refused: dict[str, str] = field(default_factory=dict)
     """Variant name -> why its guard refused it (not written)."""
 
+    @property
+    def batch_dependent(self) -> dict[str, str]:
+        """Variant name -> why it is not batch invariant (written, refused for batched serving)."""
+        return batch_dependent_variants(self.manifest)
+
 
 def build_bundle(
     model_name_or_path: str | Path,
@@ -106,7 +113,7 @@ def build_bundle(
     config: BertConfig = encoder_of(model).config
     layout = embedding_settings(folder) if task == "embed" else None
     if opts.max_seq_len is None and layout is not None and layout.max_seq_length is not None:
-        opts.max_seq_len = min(layout.max_seq_length, config.max_position_embeddings)
+        opts.max_seq_len = min(layout.max_seq_length, config.max_sequence_length)
     max_len = _check_max_len(opts.max_seq_len, config)
     tokenizer = _tokenizer_of(folder, config)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
@@ -133,7 +140,7 @@ def _check_target(target: Path) -> None:
 
 
 def _check_max_len(max_seq_len: int | None, config: BertConfig) -> int:
-    limit = config.max_position_embeddings
+    limit = config.max_sequence_length
     value = limit if max_seq_len is None else max_seq_len
     if not isinstance(value, int) or not 8 <= value <= limit:
         raise ValueError(f"max_seq_len must be an integer in [8, {limit}] for this model, got {max_seq_len!r}")
@@ -287,7 +294,7 @@ def _build_variants(
             logger.warning("variant %s skipped: %s", name, error)
             continue
         spec = recipe.spec()
-        result = check_variant(spec, path, guard, reference)
+        result, invariance = check_variant(spec, path, guard, reference)
         if not result.passed:
             refused[name] = result.message
             logger.warning("variant %s refused (not written): %s", name, result.message)
@@ -295,27 +302,59 @@ def _build_variants(
             continue
         spec.parity = result.figures
         spec.fused_ops = fused_op_counts(onnx.load(str(path), load_external_data=False))
+        _record_invariance(name, spec, invariance)
         variants[name] = spec
     return variants, refused
 
 
-def check_variant(spec: VariantSpec, path: Path, guard: TaskGuard, reference: tuple[Outputs, Scored]) -> ParityResult:
+def _record_invariance(name: str, spec: VariantSpec, invariance: InvarianceResult | None) -> None:
+    """Write the batch-invariance judgment into `spec`; a variant outside it is written but refused for batched
+    serving (`bundles.variant_choice`), which the export says."""
+    if invariance is None:
+        return
+    spec.batch_invariant = invariance.passed
+    spec.batch_invariance = invariance.figures()
+    if not invariance.passed:
+        logger.warning(
+            "variant %s is not batch invariant (written, refused for batched serving: it serves only when forced with "
+            "--variant %s or unbatched): %s",
+            name,
+            name,
+            invariance.message,
+        )
+
+
+def batch_dependent_variants(manifest: BundleManifest) -> dict[str, str]:
+    """Variant -> why it is not batch invariant, for the manifest's variants judged so at export."""
+    return {
+        name: batch_dependence(spec) or "not batch invariant"
+        for name, spec in manifest.variants.items()
+        if spec.batch_invariant is False
+    }
+
+
+def check_variant(
+    spec: VariantSpec, path: Path, guard: TaskGuard, reference: tuple[Outputs, Scored]
+) -> tuple[ParityResult, InvarianceResult | None]:
     """Open variant `spec` (file `path`) as the service serves it (`open_variant` with the service's default settings),
     run it on the guard batches and judge it against PyTorch fp32: its raw outputs (fp32), or its predictions decoded
     with `bertserve evaluate`'s task logic (reduced precision). A variant that serves lone batches on a copy compiled
-    for latency is judged on both compiled graphs: the first refusal, else the figures of the graph serving batches."""
+    for latency is judged on both compiled graphs: the first refusal, else the figures of the graph serving batches.
+    A variant that passes is then judged by batch invariance (export/invariance.py): the second result, None for a
+    refused one."""
     opened = open_variant(path, spec, OUTPUT_NAMES[guard.task])
     try:
         results = [
             _judge(spec.precision, _guard_outputs(opened, guard, alone), guard, reference)
             for alone in ((False, True) if opened.lone_copy else (False,))
         ]
+        failed = [result for result in results if not result.passed]
+        invariance = None if failed else check_batch_invariance(opened, guard, spec.precision)
     finally:
         opened.close()
-    failed = [result for result in results if not result.passed]
     if failed and failed[0] is not results[0]:
         failed[0].message += " (on the copy compiled for lone batches)"
-    return failed[0] if failed else results[0]
+    return (failed[0] if failed else results[0]), invariance
 
 
 def _guard_outputs(opened: OpenedVariant, guard: TaskGuard, alone: bool) -> Outputs:
@@ -351,6 +390,7 @@ def _source_info(
 
     return {
         "model": str(folder),
+        "model_type": BertConfig.load(folder).model_type,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "export_seconds": round(time.time() - started, 1),
         "opset": 17,

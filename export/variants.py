@@ -8,10 +8,15 @@ EmbedLayerNormalization, BiasGelu).
 |---|---|---|---|
 | cpu-fp32 | fused | as is | ONNX Runtime CPU |
 | cpu-int8 | fused | dynamic int8, per-channel weights (QAttention + DynamicQuantizeMatMul) | ONNX Runtime CPU |
+| cpu-int8-static | fused | cpu-int8 with activation scales fixed on guard inputs (calibrated) | ONNX Runtime CPU |
 | gpu-fp16 | fused | fp16 weights and compute, fp32 inputs/outputs (keep_io_types) | ONNX Runtime CUDA / TensorRT |
 | openvino-int8 | raw | int8 weights per channel; activations int8 per group at run time; rest bf16 | OpenVINO CPU |
 | openvino-bf16 | raw | fp32 graph, OpenVINO inference precision bf16 (AVX512-BF16) | OpenVINO CPU |
 | openvino-int8-static | raw | int8 weights + activations, calibrated on guard inputs (NNCF); rest bf16 | OpenVINO CPU |
+
+cpu-int8 quantizes each activation tensor with one scale over the whole batch, so a row's answer depends on its
+batchmates (export/invariance.py judges every variant by that); cpu-int8-static computes the same int8 kernels with
+scales calibrated in advance (export/quantize.py), row by row.
 
 openvino-int8 stores int8 weights behind DequantizeLinear; OpenVINO's CPU plugin runs those MatMuls with int8
 (VNNI) kernels and quantizes their activations dynamically per group of 32 channels. OpenVINO is the optional
@@ -36,7 +41,7 @@ import onnx
 
 from bundles.runtimes import OPENVINO_PROVIDER, openvino_available
 from bundles.spec import VariantSpec
-from export.quantize import quantize_dynamic_int8, weight_only_int8
+from export.quantize import quantize_dynamic_int8, quantize_static_int8, weight_only_int8
 
 
 @dataclass
@@ -108,6 +113,16 @@ def _static_int8(sources: Sources, target: Path) -> None:
         raise CannotBuild(str(error)) from error
 
 
+def _fixed_scale_int8(sources: Sources, target: Path) -> None:
+    from export.static_quant import TooFewCalibrationExamples, calibration_samples
+
+    try:
+        samples = calibration_samples(sources.calibration)
+    except TooFewCalibrationExamples as error:
+        raise CannotBuild(str(error)) from error
+    quantize_static_int8(sources.fused, target, samples)
+
+
 def _fp16(sources: Sources, target: Path) -> None:
     from onnxruntime.transformers.onnx_model import OnnxModel
 
@@ -126,6 +141,7 @@ RECIPES: dict[str, Recipe] = {
     for recipe in (
         Recipe("cpu-fp32", "CPUExecutionProvider", "fp32", _copy_fused),
         Recipe("cpu-int8", "CPUExecutionProvider", "int8", _dynamic_int8),
+        Recipe("cpu-int8-static", "CPUExecutionProvider", "int8", _fixed_scale_int8),
         Recipe("gpu-fp16", "CUDAExecutionProvider", "fp16", _fp16),
         Recipe("openvino-int8", OPENVINO_PROVIDER, "int8", _weight_only_int8, OPENVINO_INT8),
         Recipe("openvino-bf16", OPENVINO_PROVIDER, "bf16", _copy_raw, (("INFERENCE_PRECISION_HINT", "bf16"),)),

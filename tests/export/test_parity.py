@@ -161,6 +161,12 @@ def test_every_written_variant_is_within_its_guard_on_real_text(minilm_bundle: t
     for spec in manifest.variants.values():
         if spec.provider == "OpenVINO":
             assert spec.runtime_options["INFERENCE_PRECISION_HINT"] == "bf16"
+    # every written variant is judged by batch invariance; ONNX Runtime's dynamic int8 moves a real model's logits
+    # with its batchmates, fp32 does not
+    assert all(spec.batch_invariant is not None and spec.batch_invariance for spec in manifest.variants.values())
+    assert manifest.variants["cpu-fp32"].batch_invariant is True
+    if "cpu-int8" in manifest.variants:  # (unless its accuracy guard refused it)
+        assert manifest.variants["cpu-int8"].batch_invariant is False
 
 
 def sst2_probe_model(data_dir: Path, folder: Path, ridge_lambda: float = 1.0) -> Path:

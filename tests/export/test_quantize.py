@@ -1,4 +1,5 @@
-"""Int8 graphs: weight-only int8 behind DequantizeLinear, and dynamic int8 on the fused graph."""
+"""Int8 graphs: weight-only int8 behind DequantizeLinear, and dynamic and fixed-scale (static) int8 on the fused
+graph."""
 
 from __future__ import annotations
 
@@ -7,12 +8,20 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 
 from bert_model.heads import BertForSequenceClassification
 from bundles.hardware import read_cpu_info
 from export.bundle import build_graphs
-from export.quantize import quantize_dynamic_int8, weight_only_int8
+from export.quantize import (
+    OUTLIER_RATIO,
+    ActivationStats,
+    fixed_scale,
+    quantize_dynamic_int8,
+    quantize_static_int8,
+    weight_only_int8,
+)
 from tests.export.conftest import tiny_config
 
 
@@ -48,3 +57,61 @@ def test_int8_graphs_stay_close_to_fp32(tmp_path: Path) -> None:
     # task guard on the CPU that exports them.
     tolerance = 0.05 if read_cpu_info().matrix_family != "no VNNI" else 0.35
     assert np.abs(run(dynamic, feed) - reference).max() < tolerance * scale
+
+
+def batch(lengths: list[int], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    width = max(lengths)
+    ids = np.zeros((len(lengths), width), np.int64)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = [2, *rng.integers(5, 99, length - 2), 3]
+    return {"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64), "token_type_ids": np.zeros_like(ids)}
+
+
+def test_fixed_scales_are_the_ones_dynamic_quantization_takes_for_that_range() -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "scale", "zero"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+        [helper.make_tensor_value_info(name, kind, None) for name, kind in (("y", 2), ("scale", 1), ("zero", 2))],
+    )
+    session = ort.InferenceSession(helper.make_model(graph).SerializeToString(), providers=["CPUExecutionProvider"])
+    for low, high in ((-2.7, 6.25), (0.5, 3.0), (-4.0, -1.0)):
+        _, scale, zero = session.run(None, {"x": np.array([low, (low + high) / 2, high], np.float32)})
+        fixed_scale_, fixed_zero = fixed_scale(low, high)
+        assert fixed_scale_ == pytest.approx(scale) and fixed_zero == zero
+
+
+def test_outliers_are_measured_against_the_bulk_of_the_values() -> None:
+    rng = np.random.default_rng(0)
+    plain, spiky = ActivationStats(), ActivationStats()
+    for _ in range(3):
+        values = rng.normal(size=(20, 1536)).astype(np.float32)
+        plain.add(values, rng)
+        values[0, 3] = 60.0  # one channel of one token in every input, as in the GELU outputs of some layers
+        spiky.add(values, rng)
+    assert plain.outlier_ratio < 2 < OUTLIER_RATIO < spiky.outlier_ratio
+    assert (spiky.low, spiky.high) == (pytest.approx(plain.low), 60.0)
+
+
+def test_static_int8_has_fixed_scales_float_heads_and_rows_that_ignore_their_batchmates(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_config().with_labels(["a", "b"])).eval()
+    _, fused, _, _ = build_graphs(model, "classify", tmp_path)
+    rng = np.random.default_rng(0)
+    samples = [batch([int(n)], rng) for n in rng.integers(4, 30, 40)]
+    static = quantize_static_int8(fused, tmp_path / "static.onnx", samples)
+    graph = onnx.load(str(static))
+    ops = [node.op_type for node in graph.graph.node]
+    assert "DynamicQuantizeLinear" not in ops and {"QuantizeLinear", "QAttention", "MatMulIntegerToFloat"} <= set(ops)
+    floats = [node.name for node in graph.graph.node if node.op_type == "MatMul"]  # the quantizer splits a Gemm
+    assert floats == ["/model/bert/pooler/dense/Gemm_MatMul", "/model/classifier/Gemm_MatMul"]  # the heads
+    mixed = batch([5, 17, 9, 30], rng)
+    together = run(static, mixed)
+    for row, length in enumerate((5, 17, 9, 30)):
+        alone = run(static, {name: values[row : row + 1, :length] for name, values in mixed.items()})
+        assert np.array_equal(alone[0], together[row])
+    reference = run(fused, mixed)
+    tolerance = 0.05 if read_cpu_info().matrix_family != "no VNNI" else 0.35  # as for dynamic int8 above
+    assert np.abs(together - reference).max() < tolerance * np.abs(reference).max()
