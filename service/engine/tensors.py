@@ -9,6 +9,7 @@ front doors.
 | ner | text | entities BYTES [N] (each the JSON list of the text's entities) |
 | embed | text | embedding FP32 [N, size] |
 | fill-mask | text | fills BYTES [N] (each the JSON of the text's fills) |
+| rerank | query (shape [1]), text | score FP32 [N] (each passage's, in input order) |
 
 BYTES elements travel as UTF-8 text; in raw (binary) form each is a 4-byte little-endian length and its bytes.
 Reference: https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, TaskInput
+from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, RerankInput, TaskInput
 from service.errors import InvalidInput
 
 DATATYPES = {"BYTES": np.object_, "FP32": np.float32, "INT64": np.int64}
@@ -44,6 +45,7 @@ INPUTS: dict[str, tuple[TensorSpec, ...]] = {
     "ner": (TensorSpec("text", "BYTES", (-1,)),),
     "embed": (TensorSpec("text", "BYTES", (-1,)),),
     "fill-mask": (TensorSpec("text", "BYTES", (-1,)),),
+    "rerank": (TensorSpec("query", "BYTES", (1,)), TensorSpec("text", "BYTES", (-1,))),
 }
 OPTIONAL_INPUTS = frozenset({"text_pair"})
 OUTPUTS: dict[str, tuple[TensorSpec, ...]] = {
@@ -61,6 +63,7 @@ OUTPUTS: dict[str, tuple[TensorSpec, ...]] = {
     "ner": (TensorSpec("entities", "BYTES", (-1,)),),
     "embed": (TensorSpec("embedding", "FP32", (-1, -1)),),
     "fill-mask": (TensorSpec("fills", "BYTES", (-1,)),),
+    "rerank": (TensorSpec("score", "FP32", (-1,)),),
 }
 
 
@@ -93,6 +96,10 @@ def task_input(task: str, tensors: dict[str, Tensor]) -> TaskInput:
         raise InvalidInput(
             f"inputs: tensor {', '.join(missing)} missing; this {task} model takes {', '.join(expected)}"
         )
+    if task == "rerank":
+        if len(texts["query"]) != 1:
+            raise InvalidInput(f"inputs: tensor query holds one query, got {len(texts['query'])}")
+        return RerankInput(query=texts["query"][0], texts=texts["text"])
     lengths = {len(values) for values in texts.values()}
     if len(lengths) > 1:
         raise InvalidInput(f"inputs: the tensors have different lengths {sorted(lengths)}; send one element per item")
@@ -129,6 +136,11 @@ def result_tensors(task: str, labels: list[str], results: list[Any]) -> list[Ten
             Tensor("start", "INT64", np.array([a["start"] for a in best], np.int64)),
             Tensor("end", "INT64", np.array([a["end"] for a in best], np.int64)),
         ]
+    if task == "rerank":
+        scores = np.zeros(len(results[0]["ranks"]), np.float32)
+        for rank in results[0]["ranks"]:
+            scores[rank["index"]] = rank["score"]
+        return [Tensor("score", "FP32", scores)]
     if task == "embed":
         return [Tensor("embedding", "FP32", np.stack([np.asarray(r["embedding"], np.float32) for r in results]))]
     name = "entities" if task == "ner" else "fills"

@@ -47,6 +47,7 @@ from service.http_api.openai_routes import add_openai_routes
 from service.http_api.openapi import describe_server
 from service.http_api.playground import add_playground_routes
 from service.http_api.rendering import task_response
+from service.http_api.rerank_routes import add_rerank_routes
 from service.http_api.schemas import (
     Answer,
     ClassifyRequest,
@@ -277,6 +278,7 @@ def _add_routes(app: FastAPI) -> None:
     add_encoder_routes(app, ERROR_RESPONSES, request_timeout)
     add_openai_routes(app, ERROR_RESPONSES, request_timeout)
     add_tei_routes(app, ERROR_RESPONSES, request_timeout)
+    add_rerank_routes(app, ERROR_RESPONSES, request_timeout)
     add_hf_routes(app, ERROR_RESPONSES, request_timeout)
     add_v2_routes(app, request_timeout)
 
