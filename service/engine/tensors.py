@@ -24,9 +24,12 @@ from typing import Any
 import numpy as np
 import orjson
 
+from service.engine.engine import Engine, LoadedModel
 from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, RerankInput, TaskInput
-from service.errors import InvalidInput
+from service.errors import InvalidInput, UnknownModel
 
+MODEL_VERSION = "1"
+"""The one version of every model (the protocol names versions; a bundle has one)."""
 DATATYPES = {"BYTES": np.object_, "FP32": np.float32, "INT64": np.int64}
 """The datatypes the tasks use -> numpy dtypes."""
 
@@ -78,6 +81,19 @@ class Tensor:
     @property
     def shape(self) -> list[int]:
         return list(self.data.shape)
+
+
+def protocol_model(engine: Engine, name: str, version: str) -> LoadedModel:
+    """The loaded model a v2 request names (`version` "" or MODEL_VERSION), ready to take it; UnknownModel /
+    InvalidInput / NotReady otherwise."""
+    model = engine.models.get(name)
+    if model is None:
+        raise UnknownModel(f"unknown model {name!r}; loaded: {', '.join(engine.models) or 'none'}")
+    if version not in ("", MODEL_VERSION):
+        raise UnknownModel(f"model {name!r} has version {MODEL_VERSION} only, not {version!r}")
+    if model.bundle.task not in INPUTS:
+        raise InvalidInput(f"model {name!r} serves {model.bundle.task}, not served over this protocol")
+    return engine.model_for(model.bundle.task, name)  # NotReady while loading or stopping
 
 
 def task_input(task: str, tensors: dict[str, Tensor]) -> TaskInput:

@@ -20,23 +20,24 @@ from fastapi.responses import JSONResponse, Response
 from service.engine.engine import Engine, LoadedModel
 from service.engine.tensors import (
     INPUTS,
+    MODEL_VERSION,
     OUTPUTS,
     Tensor,
     from_json,
     from_raw,
+    protocol_model,
     result_tensors,
     task_input,
     to_json,
     to_raw,
 )
 from service.error_messages import clip_message
-from service.errors import InvalidInput, InvalidJson, ServiceError, UnknownModel, http_status
+from service.errors import InvalidInput, InvalidJson, ServiceError, http_status
 from service.http_api.middleware import MAX_MESSAGE_BYTES, unexpected_error_response
 
 HEADER_LENGTH = "inference-header-content-length"
 SERVER_NAME = "bertserve"
 VERSION = "1.0.0"
-MODEL_VERSION = "1"
 RESERVED_PARAMETERS = frozenset(
     {"binary_data_output", "timeout", "priority", "sequence_id", "sequence_start", "sequence_end"}
 )
@@ -74,7 +75,7 @@ def add_v2_routes(app: FastAPI, timeout: Timeout) -> None:
     @app.get("/v2/models/{name}/versions/{version}", **common)
     async def model_metadata(name: str, request: Request, version: str = "") -> Response:
         """The model's input and output tensors."""
-        return await _answer(lambda: _metadata(_model(_engine(request), name, version)))
+        return await _answer(lambda: _metadata(protocol_model(_engine(request), name, version)))
 
     @app.post("/v2/models/{name}/infer", **common)
     @app.post("/v2/models/{name}/versions/{version}/infer", **common)
@@ -83,7 +84,7 @@ def add_v2_routes(app: FastAPI, timeout: Timeout) -> None:
         engine = _engine(request)
 
         async def run() -> Response:
-            return await _infer(engine, _model(engine, name, version), request, timeout(request))
+            return await _infer(engine, protocol_model(engine, name, version), request, timeout(request))
 
         return await _answer(run)
 
@@ -106,17 +107,6 @@ async def _answer(make: Callable[[], Awaitable[Response] | Response]) -> Respons
 def _ready(engine: Engine) -> bool:
     state = engine.state
     return state.ready and not state.draining and state.failure is None
-
-
-def _model(engine: Engine, name: str, version: str) -> LoadedModel:
-    model = engine.models.get(name)
-    if model is None:
-        raise UnknownModel(f"unknown model {name!r}; loaded: {', '.join(engine.models) or 'none'}")
-    if version not in ("", MODEL_VERSION):
-        raise UnknownModel(f"model {name!r} has version {MODEL_VERSION} only, not {version!r}")
-    if model.bundle.task not in INPUTS:
-        raise InvalidInput(f"model {name!r} serves {model.bundle.task}, not served over this protocol")
-    return engine.model_for(model.bundle.task, name)  # NotReady while loading or stopping
 
 
 def _metadata(model: LoadedModel) -> Response:
