@@ -37,14 +37,15 @@ def build_rerank_features(
     max_seq_length: int = 256,
     truncate: bool = True,
 ) -> list[ClassificationFeature]:
-    """One feature per passage, `request_index` = its position; a long passage is cut (the query is kept whole), or
-    refused with `truncate` False."""
+    """One feature per passage, `request_index` = its position; a pair longer than `max_seq_length` is cut as
+    sentence-transformers' CrossEncoder cuts it (longest first: the longer of query and passage loses a token at a
+    time, so a long query is cut too), or refused with `truncate` False."""
     return build_classification_features(
         tokenizer,
         [query] * len(passages),
         list(passages),
         max_seq_length=max_seq_length,
-        truncation="only_second" if truncate else "none",
+        truncation="longest_first" if truncate else "none",
     )
 
 

@@ -5,7 +5,7 @@ features' output rows back into one result per input, in the shapes of Hugging F
 classify -> `[{label, score}]`, qa -> `[{answer, score, start, end}]`, ner -> `[{entity_group, score, word,
 start, end}]`, fill-mask -> per mask `[{score, token, token_str, sequence}]`; embed -> `{embedding, tokens}`
 (the vector, and the tokens read, which OpenAI's `usage` counts).
-Errors of the task layer caused by the input (ValueError / TypeError) become `InvalidInput`.
+Errors of the task layer caused by the input (ValueError) become `InvalidInput`.
 
 The requests are `service.engine.inputs`; QA and NER windows follow the model's own settings
 (`bert_model.tasks.windows`).
@@ -193,7 +193,7 @@ def _input_errors() -> Iterator[None]:
         yield
     except InputTooLongError as error:
         raise InputTooLong(f"{error} (or set truncate=true)") from error
-    except (ValueError, TypeError) as error:
+    except ValueError as error:  # the task layer's word for "this input cannot be taken"; a TypeError is a bug
         raise InvalidInput(str(error)) from error
 
 
@@ -354,8 +354,12 @@ class EmbedPipeline(Pipeline):
         self.normalize = settings.get("normalize", True)
         if not isinstance(self.normalize, bool):
             raise ValueError(f"manifest task_settings normalize must be true or false, got {self.normalize!r}")
+        self.vector_size: int | None = None
+        """The graph's vector size, read off its first answer (the warm-up's): from then on a request's
+        `dimensions` is checked before its work is done."""
 
     def _features(self, request: EmbedInput) -> list[Feature]:
+        self._check_dimensions(request.dimensions)
         return list(
             build_classification_features(
                 self.tokenizer,
@@ -367,11 +371,9 @@ class EmbedPipeline(Pipeline):
 
     def _postprocess(self, request: EmbedInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
         pooled = [output["pooled_embedding"] for output in outputs]
-        size = int(np.shape(pooled[0])[-1]) if pooled else 0
-        if request.dimensions is not None and request.dimensions > size:
-            raise InvalidInput(
-                f"dimensions must be at most {size} (this model's embedding size), got {request.dimensions}"
-            )
+        if pooled:
+            self.vector_size = int(np.shape(pooled[0])[-1])
+        self._check_dimensions(request.dimensions)
         vectors = embedding_postprocess(
             features,
             pooled,
@@ -381,6 +383,11 @@ class EmbedPipeline(Pipeline):
         )
         tokens = {feature.request_index: len(feature) for feature in features}
         return {index: {"embedding": vector, "tokens": tokens[index]} for index, vector in vectors.items()}
+
+    def _check_dimensions(self, dimensions: int | None) -> None:
+        size = self.vector_size
+        if dimensions is not None and size is not None and dimensions > size:
+            raise InvalidInput(f"dimensions must be at most {size} (this model's embedding size), got {dimensions}")
 
     def count(self, request: EmbedInput) -> int:
         return len(request.texts)

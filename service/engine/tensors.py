@@ -221,16 +221,21 @@ def to_raw(tensor: Tensor) -> bytes:
 
 def from_json(name: str, datatype: str, shape: list[int], data: Any) -> Tensor:
     """A tensor from the JSON form's `data` (flat or nested, row-major)."""
-    values = np.array(data, dtype=object).reshape(-1).tolist() if isinstance(data, list) else [data]
-    if datatype == "BYTES":
-        items = [value.encode("utf-8") if isinstance(value, str) else value for value in values]
-        if not all(isinstance(item, bytes) for item in items):
-            raise InvalidInput(f"inputs: tensor {name} is BYTES: send strings")
-        array = np.array(items, dtype=object)
-    elif datatype in DATATYPES:
-        array = np.array(values, dtype=DATATYPES[datatype])
-    else:
+    if data is None:
+        raise InvalidInput(f"inputs: tensor {name} has no data: send data, or its raw bytes (binary_data_size)")
+    if datatype not in DATATYPES:
         raise InvalidInput(f"inputs: tensor {name} has datatype {datatype}; the tasks take BYTES")
+    try:
+        values = np.array(data, dtype=object).reshape(-1).tolist() if isinstance(data, list) else [data]
+        if datatype == "BYTES":
+            items = [value.encode("utf-8") if isinstance(value, str) else value for value in values]
+            if not all(isinstance(item, bytes) for item in items):
+                raise InvalidInput(f"inputs: tensor {name} is BYTES: send strings")
+            array = np.array(items, dtype=object)
+        else:
+            array = np.array(values, dtype=DATATYPES[datatype])
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidInput(f"inputs: tensor {name} is {datatype}: send a flat or nested list of numbers") from None
     try:
         return Tensor(name, datatype, array.reshape(shape))
     except ValueError:

@@ -13,13 +13,12 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from service.engine.engine import Engine
 from service.engine.inputs import RerankInput
-from service.errors import InvalidInput
 from service.http_api.rendering import task_response
-from service.http_api.schemas import AT_LEAST_ONE, TRUNCATE_FIELD, Text, _model_field
+from service.http_api.schemas import AT_LEAST_ONE, INTEGRAL, TRUNCATE_FIELD, Text, TruncationDirection, _model_field
 
 Timeout = Callable[[Request], float | None]
 RERANK_MODEL_EXAMPLE = "minilm-rerank"
@@ -39,7 +38,9 @@ class TeiRerankRequest(BaseModel):
     raw_scores: StrictBool = Field(False, description="The raw logits instead of the model's sigmoid scores.")
     return_text: StrictBool = Field(False, description="Send each passage's text back with its rank.")
     truncate: StrictBool | None = TRUNCATE_FIELD
-    truncation_direction: StrictStr | None = Field(None, description="right only (a cut keeps the passage's start).")
+    truncation_direction: TruncationDirection | None = Field(
+        None, description="right only (a cut keeps the passage's start)."
+    )
     model: StrictStr | None = _model_field(RERANK_MODEL_EXAMPLE)
 
 
@@ -76,9 +77,13 @@ class CohereRerankRequest(BaseModel):
     query: Text
     documents: Annotated[list[Text | Document], AT_LEAST_ONE] = Field(..., description="Texts, or {text} objects.")
     model: StrictStr | None = _model_field(RERANK_MODEL_EXAMPLE)
-    top_n: Annotated[int, Field(ge=1)] | None = Field(None, description="Only the best top_n (omitted = all).")
+    top_n: Annotated[StrictInt, Field(ge=1), INTEGRAL] | None = Field(
+        None, description="Only the best top_n (omitted = all)."
+    )
     return_documents: StrictBool = Field(False, description="Send each document back with its rank.")
-    max_chunks_per_doc: int | None = Field(None, description="Accepted for compatibility; a document is one chunk.")
+    max_chunks_per_doc: Annotated[StrictInt, INTEGRAL] | None = Field(
+        None, description="Accepted for compatibility; a document is one chunk."
+    )
     truncate: StrictBool | None = TRUNCATE_FIELD
 
 
@@ -100,7 +105,6 @@ def add_rerank_routes(app: FastAPI, responses: dict[int | str, dict[str, Any]], 
     @app.post("/rerank", response_model=list[Rank], **common)
     async def rerank(body: TeiRerankRequest, request: Request) -> Any:
         """Rank passages for a query with a cross-encoder: `[{index, score, text?}]`, best first."""
-        _check_direction(body.truncation_direction)
         task_input = RerankInput(
             query=body.query, texts=list(body.texts), raw_scores=body.raw_scores, truncate=body.truncate
         )
@@ -126,11 +130,6 @@ def add_rerank_routes(app: FastAPI, responses: dict[int | str, dict[str, Any]], 
         ]
         usage = {"total_tokens": ranking["tokens"]}
         return task_response({"model": outcome.model, "results": results, "usage": usage}, outcome)
-
-
-def _check_direction(direction: str | None) -> None:
-    if direction is not None and direction.lower() != "right":
-        raise InvalidInput(f"truncation_direction: only right here, got {direction!r}")
 
 
 def _engine(request: Request) -> Engine:

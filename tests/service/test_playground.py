@@ -63,13 +63,14 @@ def test_assets_are_served_and_fetch_nothing_from_outside() -> None:
     assert not re.search(r"\.(inner|outer)HTML\s*=|insertAdjacentHTML|document\.write|\beval\(", script)
 
 
-def test_page_is_off_when_disabled_and_outside_openapi() -> None:
+def test_page_is_off_when_disabled_and_only_get_root_is_in_openapi() -> None:
     client = _client(playground=False)
     # POST / is Hugging Face's Inference API shape, so a GET there is the wrong method, not a missing page.
     assert client.get("/").status_code == 405
     assert client.get("/playground").status_code == 404
+    assert "get" not in client.get("/openapi.json").json()["paths"]["/"]
     paths = _client().get("/openapi.json").json()["paths"]
-    assert "/playground" not in paths and "get" not in paths["/"]
+    assert "/playground" not in paths and "text/html" in paths["/"]["get"]["responses"]["200"]["content"]
 
 
 def test_with_a_key_the_page_needs_it_unless_the_docs_are_public() -> None:
