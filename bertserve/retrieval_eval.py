@@ -1,5 +1,7 @@
 """`bertserve retrieval-eval`: question -> paragraph retrieval on SQuAD through the running service's `/embed`
-and through sentence-transformers, scored with `bert_model.tasks.retrieval` (recall@k over a cosine ranking).
+and through sentence-transformers, scored with `bert_model.tasks.retrieval` (recall@k over a cosine ranking); with
+`--rerank MODEL`, also the two-stage pipeline through the service: the embeddings' top-k paragraphs of each
+question reranked by the cross-encoder `MODEL` over `POST /rerank`, with its latency per query.
 
 The service side talks only over the wire (HTTP, to this machine only: `loadtests.loopback`); the reference side
 loads sentence-transformers (a test-only dependency, imported inside the function) on the same checkpoint folder
@@ -18,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_model.tasks.retrieval import RetrievalSet, recall_at_k, squad_retrieval_set
+from bert_model.tasks.retrieval import RetrievalSet, ranking_metrics, recall_at_k, squad_retrieval_set, top_candidates
 from bertserve.cli_errors import exit_on_user_error
 from loadtests.loopback import check_http_url
 
@@ -87,6 +89,52 @@ def evaluate(embed: Embed, retrieval_set: RetrievalSet, ks: Sequence[int] = DEFA
     return metrics
 
 
+def rerank_over_http(url: str, model: str, api_key: str | None = None, timeout_s: float = 300.0) -> Rerank:
+    """A function ranking passages for a query through `POST {url}/rerank` (TEI's body) with the cross-encoder
+    `model`, passages cut to the model's length."""
+    import httpx
+
+    client = httpx.Client(base_url=url, headers={"authorization": f"Bearer {api_key}"} if api_key else {},
+                          timeout=timeout_s)  # fmt: skip
+
+    def rerank(query: str, passages: list[str]) -> list[int]:
+        answer = client.post("/rerank", json={"query": query, "texts": passages, "model": model, "truncate": True})
+        if answer.status_code != 200:
+            raise RuntimeError(f"POST {url}/rerank answered {answer.status_code}: {answer.text[:300]}")
+        return [rank["index"] for rank in answer.json()]
+
+    return rerank
+
+
+Rerank = Callable[[str, list[str]], list[int]]
+
+
+def evaluate_two_stage(
+    embed: Embed, rerank: Rerank, retrieval_set: RetrievalSet, top_k: int, ks: Sequence[int] = DEFAULT_KS
+) -> dict[str, Any]:
+    """Embeddings alone vs the embeddings' top `top_k` reranked: recall@k and MRR@10 of both (percent), and the
+    rerank stage's latency per query (ms, p50 / p99 / mean)."""
+    questions = embed(retrieval_set.questions)
+    paragraphs = embed(retrieval_set.paragraphs)
+    candidates = top_candidates(questions, paragraphs, top_k)
+    reranked, latencies = [], []
+    for question, row in zip(retrieval_set.questions, candidates, strict=True):
+        started = time.perf_counter()
+        order = rerank(question, [retrieval_set.paragraphs[i] for i in row])
+        latencies.append((time.perf_counter() - started) * 1000)
+        reranked.append([int(row[i]) for i in order])
+    return {
+        "top_k": top_k,
+        "embeddings": ranking_metrics(candidates.tolist(), retrieval_set.gold, ks),
+        "reranked": ranking_metrics(reranked, retrieval_set.gold, ks),
+        "rerank_ms_per_query": {
+            "p50": round(float(np.percentile(latencies, 50)), 2),
+            "p99": round(float(np.percentile(latencies, 99)), 2),
+            "mean": round(float(np.mean(latencies)), 2),
+        },
+    }
+
+
 def run_retrieval_eval(
     squad: Path,
     *,
@@ -98,6 +146,8 @@ def run_retrieval_eval(
     api_key: str | None,
     out: Path | None,
     echo: Callable[[str], None] = print,
+    rerank: str | None = None,
+    top_k: int = 20,
 ) -> dict[str, Any]:
     """Score the service at `host` and / or sentence-transformers on `reference`; `echo` each side's JSON line.
     Input errors exit with a one-line message (`exit_on_user_error`) before any work."""
@@ -106,6 +156,10 @@ def run_retrieval_eval(
     with exit_on_user_error():
         if host is None and reference is None:
             raise ValueError("give --host (the service) or --reference (sentence-transformers), or both")
+        if rerank is not None and host is None:
+            raise ValueError("--rerank needs --host: the reranker is the service's")
+        if top_k < 1:
+            raise ValueError(f"--top-k must be at least 1, got {top_k}")
         url = check_http_url(host) if host is not None else None
         retrieval_set = squad_retrieval_set(read_squad(squad), max_paragraphs=max_paragraphs)
     results: dict[str, Any] = {"data": str(squad), "max_paragraphs": max_paragraphs}
@@ -115,6 +169,11 @@ def run_retrieval_eval(
             **evaluate(embed_over_http(url, model=model, batch_size=batch_size, api_key=api_key), retrieval_set),
         }
         echo(json.dumps({"service": results["service"]}))
+    if url is not None and rerank is not None:
+        embed = embed_over_http(url, model=model, batch_size=batch_size, api_key=api_key)
+        results["two_stage"] = {"rerank_model": rerank, **evaluate_two_stage(
+            embed, rerank_over_http(url, rerank, api_key), retrieval_set, top_k)}  # fmt: skip
+        echo(json.dumps({"two_stage": results["two_stage"]}))
     if reference is not None:
         reference_embed = embed_with_sentence_transformers(reference, batch_size=batch_size)
         results["sentence-transformers"] = {"model": reference, **evaluate(reference_embed, retrieval_set)}

@@ -18,7 +18,7 @@ from bundles.spec import MANIFEST_FILE, TOKENIZER_DIR, BundleManifest
 log = logging.getLogger(__name__)
 
 OPTIONAL = "?"
-SERVED_TASKS = ("classify", "qa", "ner", "embed", "fill-mask")
+SERVED_TASKS = ("classify", "qa", "ner", "embed", "fill-mask", "rerank")
 
 
 @dataclass

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Task = Literal["classify", "qa", "ner", "embed", "fill-mask"]
-TASKS: tuple[str, ...] = ("classify", "qa", "ner", "embed", "fill-mask")
+Task = Literal["classify", "qa", "ner", "embed", "fill-mask", "rerank"]
+TASKS: tuple[str, ...] = ("classify", "qa", "ner", "embed", "fill-mask", "rerank")
 MANIFEST_FILE = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 FORMAT_VERSION = 2
@@ -35,6 +35,7 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "ner": ("logits",),  # (batch_size, sequence_length, num_labels)
     "embed": ("pooled_embedding", "normalized_embedding"),  # (batch_size, hidden) each
     "fill-mask": ("mask_logits",),  # (batch_size, masked_positions, vocab_size): the masked-LM head's scores
+    "rerank": ("logits",),  # (batch_size, 1): a cross-encoder's relevance score of each (query, passage) pair
 }
 """Only what the answer needs leaves the graph. An embed graph pools its token states (task_settings `pooling`,
 under the attention mask) and L2-normalizes the pooled vector: the normalized one answers requests that want unit
@@ -48,6 +49,7 @@ DYNAMIC_AXES: dict[str, dict[int, str]] = {
     "attention_mask": {0: "batch_size", 1: "sequence_length"},
     "token_type_ids": {0: "batch_size", 1: "sequence_length"},
     "logits@classify": {0: "batch_size"},
+    "logits@rerank": {0: "batch_size"},
     "logits@ner": {0: "batch_size", 1: "sequence_length"},
     "start_logits": {0: "batch_size", 1: "sequence_length"},
     "end_logits": {0: "batch_size", 1: "sequence_length"},

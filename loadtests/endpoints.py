@@ -15,7 +15,7 @@ class Endpoint:
     protocol: str
     """`rest` or `grpc`."""
     task: str
-    """`classify`, `qa`, `ner` or `embed`: which payloads it takes and which model serves it."""
+    """`classify`, `qa`, `ner`, `embed` or `rerank`: which payloads it takes and which model serves it."""
 
 
 ENDPOINTS: dict[str, Endpoint] = {
@@ -26,14 +26,17 @@ ENDPOINTS: dict[str, Endpoint] = {
         Endpoint("/ner", "rest", "ner"),
         Endpoint("/embed", "rest", "embed"),
         Endpoint("/v1/embeddings", "rest", "embed"),
+        Endpoint("/rerank", "rest", "rerank"),
+        Endpoint("/v1/rerank", "rest", "rerank"),
         Endpoint("Classifier.Classify", "grpc", "classify"),
         Endpoint("QA.Extract", "grpc", "qa"),
         Endpoint("NER.Recognize", "grpc", "ner"),
         Endpoint("Embedder.Embed", "grpc", "embed"),
+        Endpoint("Reranker.Rerank", "grpc", "rerank"),
     )
 }
-ALIASES = {"classify": "/classify", "qa": "/qa", "ner": "/ner", "embed": "/embed"}
-REST_OF_TASK = {"classify": "/classify", "qa": "/qa", "ner": "/ner", "embed": "/embed"}
+ALIASES = {"classify": "/classify", "qa": "/qa", "ner": "/ner", "embed": "/embed", "rerank": "/rerank"}
+REST_OF_TASK = {"classify": "/classify", "qa": "/qa", "ner": "/ner", "embed": "/embed", "rerank": "/rerank"}
 DEFAULT_MIX = "/classify=1,/qa=1,/ner=1"
 
 Mix = dict[str, int]

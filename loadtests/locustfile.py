@@ -1,6 +1,6 @@
 """Locust users for the bertserve front doors, driven by a config file the runner writes.
 
-`RestUser` (FastHttpUser) calls POST /classify, /qa, /ner, /embed, /v1/embeddings; `GrpcUser` calls
+`RestUser` (FastHttpUser) calls POST /classify, /qa, /ner, /embed, /v1/embeddings, /rerank, /v1/rerank; `GrpcUser` calls
 Classifier.Classify, QA.Extract, NER.Recognize, Embedder.Embed through the generated bert.v1 stubs and reports
 every call through locust's request event, like HTTP calls are. Each user picks its next call from the weighted
 mix with its own seeded generator and sends one input drawn from the payloads. A request-event listener turns
@@ -181,6 +181,8 @@ class _MixUser(User):
             gevent.sleep(float(CONFIG["reject_backoff_s"]))
 
     def payload(self, task_name: str) -> Any:
+        if task_name == "rerank":
+            return rerank_payload(self.rng, PAYLOADS.qa)
         return self.rng.choice(getattr(PAYLOADS, PAYLOAD_OF_TASK.get(task_name, task_name)))
 
     def send(self, endpoint: Endpoint) -> bool:
@@ -190,12 +192,26 @@ class _MixUser(User):
 
 PAYLOAD_OF_TASK = {"embed": "classify"}
 """Tasks that send another task's payloads: embeddings are computed for the classification sentences."""
+RERANK_DOCUMENTS = 20
+"""Passages per rerank call: a question's own paragraph and others of the QA payloads, shuffled."""
+
+
+def rerank_payload(rng: random.Random, pairs: list[tuple[str, str]]) -> tuple[str, list[str]]:
+    """A question and `RERANK_DOCUMENTS` passages: its own context among other contexts of the QA payloads."""
+    question, context = rng.choice(pairs)
+    others = list(dict.fromkeys(c for _, c in pairs if c != context))
+    documents = [context, *rng.sample(others, min(len(others), RERANK_DOCUMENTS - 1))]
+    rng.shuffle(documents)
+    return question, documents
 
 
 def rest_body(task_name: str, payload: Any, path: str = "") -> dict[str, Any]:
     if task_name == "qa":
         question, context = payload
         return {"question": question, "context": context}
+    if task_name == "rerank":
+        query, documents = payload
+        return {"query": query, "documents" if path == "/v1/rerank" else "texts": documents}
     if path == "/v1/embeddings":
         return {"input": payload}
     return {"inputs": payload}
@@ -205,6 +221,9 @@ def rest_shape_problem(task_name: str, body: Any) -> str | None:
     """Why a 200 body is not the answer shape the task promises (None when it is)."""
     if task_name == "qa":
         ok = isinstance(body, dict) and "answer" in body
+    elif task_name == "rerank":  # TEI: [{index, score}]; Cohere: {"results": [{index, relevance_score}]}
+        ranks = body.get("results") if isinstance(body, dict) else body
+        ok = isinstance(ranks, list) and bool(ranks) and "index" in ranks[0]
     elif task_name == "embed":  # TEI: [[float, ...]]; OpenAI: {"data": [{"embedding": [...]}]}
         vectors = body.get("data") if isinstance(body, dict) else body
         ok = isinstance(vectors, list) and len(vectors) == 1
@@ -251,11 +270,17 @@ def grpc_request(task_name: str, payload: Any) -> Any:
         return pb.ExtractRequest(inputs=[pb.QAInput(question=question, context=context)])
     if task_name == "embed":
         return pb.EmbedRequest(texts=[payload])
+    if task_name == "rerank":
+        query, documents = payload
+        return pb.RerankRequest(query=query, texts=documents)
     return pb.RecognizeRequest(texts=[payload])
 
 
 def grpc_result_count(response: Any) -> int:
-    """Results in a bert.v1 response: `embeddings` of an EmbedResponse, `results` of the others."""
+    """Results in a bert.v1 response for one input: `embeddings` of an EmbedResponse, one ranking of a
+    RerankResponse, `results` of the others."""
+    if hasattr(response, "ranks"):
+        return 1 if response.ranks else 0
     return len(response.embeddings if hasattr(response, "embeddings") else response.results)
 
 
@@ -271,6 +296,7 @@ class GrpcUser(_MixUser):
             "QA.Extract": pb_grpc.QAStub(self.channel).Extract,
             "NER.Recognize": pb_grpc.NERStub(self.channel).Recognize,
             "Embedder.Embed": pb_grpc.EmbedderStub(self.channel).Embed,
+            "Reranker.Rerank": pb_grpc.RerankerStub(self.channel).Rerank,
         }
 
     def on_stop(self) -> None:

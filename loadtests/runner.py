@@ -64,7 +64,13 @@ if TYPE_CHECKING:
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 DEFAULT_RESULTS = REPO / "loadtests" / "results"
 DEFAULT_BUNDLES_DIR = REPO / "artifacts" / "bundles"
-DEFAULT_MODELS = {"classify": "minilm-sst2", "qa": "minilm-squad", "ner": "minilm-conll03", "embed": "minilm"}
+DEFAULT_MODELS = {
+    "classify": "minilm-sst2",
+    "qa": "minilm-squad",
+    "ner": "minilm-conll03",
+    "embed": "minilm",
+    "rerank": "minilm-rerank",
+}
 EXIT_OK, EXIT_REGRESSION, EXIT_CHECKS = 0, 3, 4
 MAX_WORKERS = 32
 HOSTILE_MIX = "/classify=1,/qa=1,/ner=1"

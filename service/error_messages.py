@@ -8,6 +8,9 @@ start and its end (where the messages name what exists: 'loaded: ...') around th
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 CUT_MARK = " ... [{} characters cut] ... "
 
 
@@ -44,3 +47,13 @@ def _prefix_length(message: str, budget: int) -> int:
         if budget < 0:
             return index
     return len(message)
+
+
+def describe_problems(problems: Sequence[Mapping[str, Any]], shown: int = 5) -> str:
+    """One line naming the invalid fields of pydantic's validation `problems` and what each expected."""
+    parts = []
+    for problem in problems[:shown]:
+        location = ".".join(str(part) for part in problem.get("loc", ()) if part != "body") or "body"
+        parts.append(f"{location}: {problem.get('msg', 'invalid')}")
+    more = f" (and {len(problems) - shown} more)" if len(problems) > shown else ""
+    return "; ".join(parts) + more

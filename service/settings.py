@@ -129,6 +129,11 @@ class ServiceSettings(BaseSettings):
     truncate: bool = Field(default=True, description="Default for inputs over the model length: cut (true) or reject.")
     max_inputs_per_request: int = Field(default=64, ge=1, description="Most texts (or QA pairs) in one request.")
     max_text_chars: int = Field(default=100_000, ge=1, description="Longest text (or QA context) in characters.")
+    max_rerank_documents: int = Field(
+        default=256,
+        ge=1,
+        description="Most passages one rerank request may rank (each is one model row, so at most max_queue).",
+    )
     max_body_bytes: int = Field(default=2_000_000, ge=1024, description="Largest request body (HTTP and gRPC).")
 
     # ---- ONNX Runtime -------------------------------------------------------------------------

@@ -91,3 +91,33 @@ def recall_at_k(
     metrics["questions"] = float(len(ranks))
     metrics["paragraphs"] = float(len(np.asarray(paragraph_vectors)))
     return metrics
+
+
+def top_candidates(question_vectors: ArrayLike, paragraph_vectors: ArrayLike, k: int) -> np.ndarray:
+    """(Q, k) indices of each question's k most similar paragraphs by cosine, best first: the first stage of
+    retrieve-then-rerank."""
+    questions, paragraphs = l2_normalize(question_vectors), l2_normalize(paragraph_vectors)
+    k = min(k, len(paragraphs))
+    rows = []
+    for start in range(0, len(questions), RANKING_CHUNK):
+        scores = questions[start : start + RANKING_CHUNK] @ paragraphs.T
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
+        rows.append(np.take_along_axis(top, order, axis=1))
+    return np.concatenate(rows) if rows else np.zeros((0, k), dtype=np.int64)
+
+
+def ranking_metrics(
+    rankings: Sequence[Sequence[int]], gold: Sequence[int], ks: Sequence[int] = (1, 5)
+) -> dict[str, float]:
+    """recall@k (percent), MRR@10 (percent: 1/rank when the gold paragraph is among the first 10, else 0) of
+    per-question paragraph rankings (best first; a gold paragraph missing from its ranking counts as not found)."""
+    if len(rankings) != len(gold) or not len(gold):
+        raise ValueError(f"{len(rankings)} rankings for {len(gold)} questions")
+    ranks = np.array(
+        [list(ranking).index(g) + 1 if g in ranking else 10**9 for ranking, g in zip(rankings, gold, strict=True)]
+    )
+    metrics = {f"recall@{k}": 100.0 * float(np.mean(ranks <= k)) for k in ks}
+    metrics["mrr@10"] = 100.0 * float(np.mean(np.where(ranks <= 10, 1.0 / ranks, 0.0)))
+    metrics["questions"] = float(len(ranks))
+    return metrics

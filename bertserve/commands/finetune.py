@@ -248,8 +248,14 @@ def retrieval_eval(
     batch_size: Annotated[int, typer.Option(help="Texts per /embed request and per sentence-transformers batch.")] = 16,
     api_key: Annotated[str | None, typer.Option(help="Bearer key of the service, if it needs one.")] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the results as one JSON file.")] = None,
+    rerank: Annotated[
+        str | None,
+        typer.Option(help="Also score the two-stage pipeline: the embeddings' top-k reranked by this served model."),
+    ] = None,
+    top_k: Annotated[int, typer.Option(help="Candidates per question the reranker ranks (with --rerank).")] = 20,
 ) -> None:
-    """Question -> paragraph retrieval (recall@1, @5, MRR) through the service and/or sentence-transformers."""
+    """Question -> paragraph retrieval (recall@1, @5, MRR) through the service and/or sentence-transformers; with
+    --rerank, the embeddings' top-k reranked by a served cross-encoder, with its latency per query."""
     from bertserve.retrieval_eval import run_retrieval_eval
 
     run_retrieval_eval(
@@ -262,4 +268,6 @@ def retrieval_eval(
         api_key=api_key,
         out=out,
         echo=typer.echo,
+        rerank=rerank,
+        top_k=top_k,
     )

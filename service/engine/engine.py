@@ -136,7 +136,11 @@ class Engine:
         self.models: dict[str, LoadedModel] = {}
         self.defaults: dict[str, str] = {}
         self.state = EngineState()
-        self.limits = Limits(max_inputs=settings.max_inputs_per_request, max_text_chars=settings.max_text_chars)
+        self.limits = Limits(
+            max_inputs=settings.max_inputs_per_request,
+            max_text_chars=settings.max_text_chars,
+            max_documents=settings.max_rerank_documents,
+        )
         self.failure_hooks: list[Callable[[str], None]] = []
         """Called on the event loop, once, when the server fails for good (`fail`), with the reason."""
         self.door = Door(settings.max_in_progress, self.metrics, receiving_limit=settings.max_receiving)

@@ -40,6 +40,8 @@ class Limits:
 
     max_inputs: int
     max_text_chars: int
+    max_documents: int = 256
+    """Most passages one rerank request may rank (each is one model row)."""
 
 
 @dataclass
@@ -174,7 +176,35 @@ class FillMaskInput:
         return sum(map(len, self.texts)) + sum(map(len, self.targets or []))
 
 
-TaskInput = ClassifyInput | QAInput | NERInput | EmbedInput | FillMaskInput
+@dataclass
+class RerankInput:
+    query: str
+    texts: list[str]
+    """The passages to rank for the query: one model row each."""
+    raw_scores: bool = False
+    """The head's raw logits instead of the model's activation (sigmoid)."""
+    top_n: int | None = None
+    """Only the best `top_n` passages (None = all, ranked)."""
+    truncate: bool | None = None
+
+    task: ClassVar[str] = "rerank"
+
+    def check(self, limits: Limits, field: str) -> None:
+        check_texts([self.query], "query", limits)
+        check_texts(self.texts, field, limits, count=False)
+        if len(self.texts) > limits.max_documents:
+            raise InvalidInput(
+                f"{field}: {len(self.texts)} passages in one request, more than the limit of {limits.max_documents} "
+                "(the server's max_rerank_documents); split it, or narrow the candidates first"
+            )
+        if self.top_n is not None and self.top_n < 1:
+            raise InvalidInput(f"top_n must be at least 1 (or null for all passages), got {self.top_n}")
+
+    def characters(self) -> int:
+        return len(self.query) * len(self.texts) + sum(map(len, self.texts))
+
+
+TaskInput = ClassifyInput | QAInput | NERInput | EmbedInput | FillMaskInput | RerankInput
 
 
 def check_texts(texts: list[str], name: str, limits: Limits, *, count: bool = True) -> None:

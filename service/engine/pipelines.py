@@ -5,7 +5,7 @@ features' output rows back into one result per input, in the shapes of Hugging F
 classify -> `[{label, score}]`, qa -> `[{answer, score, start, end}]`, ner -> `[{entity_group, score, word,
 start, end}]`, fill-mask -> per mask `[{score, token, token_str, sequence}]`; embed -> `{embedding, tokens}`
 (the vector, and the tokens read, which OpenAI's `usage` counts).
-Errors of the task layer caused by the input (ValueError / TypeError) become `InvalidInput`.
+Errors of the task layer caused by the input (ValueError) become `InvalidInput`.
 
 The requests are `service.engine.inputs`; QA and NER windows follow the model's own settings
 (`bert_model.tasks.windows`).
@@ -40,10 +40,11 @@ from bert_model.tasks.fill_mask import (
 )
 from bert_model.tasks.ner import NERInputs, encode_ner_texts, ner_postprocess, ner_window_features
 from bert_model.tasks.qa import QAInputs, encode_qa_inputs, qa_postprocess, qa_window_features
+from bert_model.tasks.rerank import ACTIVATIONS, build_rerank_features, rerank_postprocess
 from bert_model.tasks.windows import ner_windows, qa_windows
 from bert_model.tokenization import InputTooLongError
 from bundles.serving import ServingBundle
-from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, TaskInput
+from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, RerankInput, TaskInput
 from service.errors import BackendError, InputTooLong, InvalidInput
 
 WARMUP_TEXTS: tuple[str, ...] = ("warm up the model", "a second, somewhat longer warm-up sentence " * 4)
@@ -192,7 +193,7 @@ def _input_errors() -> Iterator[None]:
         yield
     except InputTooLongError as error:
         raise InputTooLong(f"{error} (or set truncate=true)") from error
-    except (ValueError, TypeError) as error:
+    except ValueError as error:  # the task layer's word for "this input cannot be taken"; a TypeError is a bug
         raise InvalidInput(str(error)) from error
 
 
@@ -353,8 +354,12 @@ class EmbedPipeline(Pipeline):
         self.normalize = settings.get("normalize", True)
         if not isinstance(self.normalize, bool):
             raise ValueError(f"manifest task_settings normalize must be true or false, got {self.normalize!r}")
+        self.vector_size: int | None = None
+        """The graph's vector size, read off its first answer (the warm-up's): from then on a request's
+        `dimensions` is checked before its work is done."""
 
     def _features(self, request: EmbedInput) -> list[Feature]:
+        self._check_dimensions(request.dimensions)
         return list(
             build_classification_features(
                 self.tokenizer,
@@ -366,11 +371,9 @@ class EmbedPipeline(Pipeline):
 
     def _postprocess(self, request: EmbedInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
         pooled = [output["pooled_embedding"] for output in outputs]
-        size = int(np.shape(pooled[0])[-1]) if pooled else 0
-        if request.dimensions is not None and request.dimensions > size:
-            raise InvalidInput(
-                f"dimensions must be at most {size} (this model's embedding size), got {request.dimensions}"
-            )
+        if pooled:
+            self.vector_size = int(np.shape(pooled[0])[-1])
+        self._check_dimensions(request.dimensions)
         vectors = embedding_postprocess(
             features,
             pooled,
@@ -380,6 +383,11 @@ class EmbedPipeline(Pipeline):
         )
         tokens = {feature.request_index: len(feature) for feature in features}
         return {index: {"embedding": vector, "tokens": tokens[index]} for index, vector in vectors.items()}
+
+    def _check_dimensions(self, dimensions: int | None) -> None:
+        size = self.vector_size
+        if dimensions is not None and size is not None and dimensions > size:
+            raise InvalidInput(f"dimensions must be at most {size} (this model's embedding size), got {dimensions}")
 
     def count(self, request: EmbedInput) -> int:
         return len(request.texts)
@@ -461,6 +469,50 @@ class FillMaskPipeline(Pipeline):
         return FillMaskInput(texts=[f"The service warms up every {self.mask_token} before it reports ready."])
 
 
+class RerankPipeline(Pipeline):
+    """A cross-encoder: one `[CLS] query [SEP] passage [SEP]` row per passage, each scored by a one-output head;
+    the answer is one ranking per request (`bert_model.tasks.rerank`). The model's own activation is the manifest's
+    `task_settings` `activation` (sigmoid unless it says none); `raw_scores` asks for the logits."""
+
+    task = "rerank"
+
+    def __init__(self, bundle: ServingBundle) -> None:
+        super().__init__(bundle)
+        self.activation = bundle.manifest.task_settings.get("activation", "sigmoid")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"manifest task_settings activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+
+    def _plan(self, request: RerankInput) -> Plan:
+        return Plan(request, len(request.texts), unit="passages")
+
+    def _features(self, request: RerankInput) -> list[Feature]:
+        return list(
+            build_rerank_features(
+                self.tokenizer,
+                request.query,
+                request.texts,
+                max_seq_length=self.max_seq_length,
+                truncate=request.truncate is not False,
+            )
+        )
+
+    def postprocess(self, request: Any, features: Sequence[Feature], outputs: list[dict[str, np.ndarray]]) -> list[Any]:
+        """One result: `{ranks: [{index, score}] best first, tokens: the pairs' tokens}`."""
+        try:
+            activation = "none" if request.raw_scores else self.activation
+            logits = [output["logits"] for output in outputs]
+            ranks = rerank_postprocess(features, logits, activation=activation, top_n=request.top_n)  # type: ignore[arg-type]
+        except (ValueError, TypeError) as error:
+            raise BackendError(f"post-processing failed: {error}") from error
+        return [{"ranks": ranks, "tokens": sum(len(feature) for feature in features)}]
+
+    def count(self, request: RerankInput) -> int:
+        return 1
+
+    def warmup_input(self) -> RerankInput:
+        return RerankInput(query=WARMUP_TEXTS[0], texts=list(WARMUP_TEXTS))
+
+
 def _reject_windows(window_counts: Sequence[int], pointer: str, max_seq_length: int) -> None:
     """With truncate=false, an input that needs more than one window is refused (QA contexts, NER texts).
     `pointer` formats the input's index into the message: `context[{}]`, or `input {}` where REST and gRPC name
@@ -489,6 +541,7 @@ PIPELINES: dict[str, type[Pipeline]] = {
     "ner": NERPipeline,
     "embed": EmbedPipeline,
     "fill-mask": FillMaskPipeline,
+    "rerank": RerankPipeline,
 }
 
 

@@ -9,6 +9,7 @@ front doors.
 | ner | text | entities BYTES [N] (each the JSON list of the text's entities) |
 | embed | text | embedding FP32 [N, size] |
 | fill-mask | text | fills BYTES [N] (each the JSON of the text's fills) |
+| rerank | query (shape [1]), text | score FP32 [N] (each passage's, in input order) |
 
 BYTES elements travel as UTF-8 text; in raw (binary) form each is a 4-byte little-endian length and its bytes.
 Reference: https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/
@@ -23,9 +24,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, TaskInput
-from service.errors import InvalidInput
+from service.engine.engine import Engine, LoadedModel
+from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, RerankInput, TaskInput
+from service.errors import InvalidInput, UnknownModel
 
+MODEL_VERSION = "1"
+"""The one version of every model (the protocol names versions; a bundle has one)."""
 DATATYPES = {"BYTES": np.object_, "FP32": np.float32, "INT64": np.int64}
 """The datatypes the tasks use -> numpy dtypes."""
 
@@ -44,6 +48,7 @@ INPUTS: dict[str, tuple[TensorSpec, ...]] = {
     "ner": (TensorSpec("text", "BYTES", (-1,)),),
     "embed": (TensorSpec("text", "BYTES", (-1,)),),
     "fill-mask": (TensorSpec("text", "BYTES", (-1,)),),
+    "rerank": (TensorSpec("query", "BYTES", (1,)), TensorSpec("text", "BYTES", (-1,))),
 }
 OPTIONAL_INPUTS = frozenset({"text_pair"})
 OUTPUTS: dict[str, tuple[TensorSpec, ...]] = {
@@ -61,6 +66,7 @@ OUTPUTS: dict[str, tuple[TensorSpec, ...]] = {
     "ner": (TensorSpec("entities", "BYTES", (-1,)),),
     "embed": (TensorSpec("embedding", "FP32", (-1, -1)),),
     "fill-mask": (TensorSpec("fills", "BYTES", (-1,)),),
+    "rerank": (TensorSpec("score", "FP32", (-1,)),),
 }
 
 
@@ -75,6 +81,19 @@ class Tensor:
     @property
     def shape(self) -> list[int]:
         return list(self.data.shape)
+
+
+def protocol_model(engine: Engine, name: str, version: str) -> LoadedModel:
+    """The loaded model a v2 request names (`version` "" or MODEL_VERSION), ready to take it; UnknownModel /
+    InvalidInput / NotReady otherwise."""
+    model = engine.models.get(name)
+    if model is None:
+        raise UnknownModel(f"unknown model {name!r}; loaded: {', '.join(engine.models) or 'none'}")
+    if version not in ("", MODEL_VERSION):
+        raise UnknownModel(f"model {name!r} has version {MODEL_VERSION} only, not {version!r}")
+    if model.bundle.task not in INPUTS:
+        raise InvalidInput(f"model {name!r} serves {model.bundle.task}, not served over this protocol")
+    return engine.model_for(model.bundle.task, name)  # NotReady while loading or stopping
 
 
 def task_input(task: str, tensors: dict[str, Tensor]) -> TaskInput:
@@ -93,6 +112,10 @@ def task_input(task: str, tensors: dict[str, Tensor]) -> TaskInput:
         raise InvalidInput(
             f"inputs: tensor {', '.join(missing)} missing; this {task} model takes {', '.join(expected)}"
         )
+    if task == "rerank":
+        if len(texts["query"]) != 1:
+            raise InvalidInput(f"inputs: tensor query holds one query, got {len(texts['query'])}")
+        return RerankInput(query=texts["query"][0], texts=texts["text"])
     lengths = {len(values) for values in texts.values()}
     if len(lengths) > 1:
         raise InvalidInput(f"inputs: the tensors have different lengths {sorted(lengths)}; send one element per item")
@@ -129,6 +152,11 @@ def result_tensors(task: str, labels: list[str], results: list[Any]) -> list[Ten
             Tensor("start", "INT64", np.array([a["start"] for a in best], np.int64)),
             Tensor("end", "INT64", np.array([a["end"] for a in best], np.int64)),
         ]
+    if task == "rerank":
+        scores = np.zeros(len(results[0]["ranks"]), np.float32)
+        for rank in results[0]["ranks"]:
+            scores[rank["index"]] = rank["score"]
+        return [Tensor("score", "FP32", scores)]
     if task == "embed":
         return [Tensor("embedding", "FP32", np.stack([np.asarray(r["embedding"], np.float32) for r in results]))]
     name = "entities" if task == "ner" else "fills"
@@ -193,16 +221,21 @@ def to_raw(tensor: Tensor) -> bytes:
 
 def from_json(name: str, datatype: str, shape: list[int], data: Any) -> Tensor:
     """A tensor from the JSON form's `data` (flat or nested, row-major)."""
-    values = np.array(data, dtype=object).reshape(-1).tolist() if isinstance(data, list) else [data]
-    if datatype == "BYTES":
-        items = [value.encode("utf-8") if isinstance(value, str) else value for value in values]
-        if not all(isinstance(item, bytes) for item in items):
-            raise InvalidInput(f"inputs: tensor {name} is BYTES: send strings")
-        array = np.array(items, dtype=object)
-    elif datatype in DATATYPES:
-        array = np.array(values, dtype=DATATYPES[datatype])
-    else:
+    if data is None:
+        raise InvalidInput(f"inputs: tensor {name} has no data: send data, or its raw bytes (binary_data_size)")
+    if datatype not in DATATYPES:
         raise InvalidInput(f"inputs: tensor {name} has datatype {datatype}; the tasks take BYTES")
+    try:
+        values = np.array(data, dtype=object).reshape(-1).tolist() if isinstance(data, list) else [data]
+        if datatype == "BYTES":
+            items = [value.encode("utf-8") if isinstance(value, str) else value for value in values]
+            if not all(isinstance(item, bytes) for item in items):
+                raise InvalidInput(f"inputs: tensor {name} is BYTES: send strings")
+            array = np.array(items, dtype=object)
+        else:
+            array = np.array(values, dtype=DATATYPES[datatype])
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidInput(f"inputs: tensor {name} is {datatype}: send a flat or nested list of numbers") from None
     try:
         return Tensor(name, datatype, array.reshape(shape))
     except ValueError:

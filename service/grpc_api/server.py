@@ -34,6 +34,7 @@ from service.grpc_api.servicers import (
     ModelsServicer,
     NERServicer,
     QAServicer,
+    RerankerServicer,
     abort,
 )
 from service.grpc_api.stubs import bert_pb2 as pb
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     *(
         pb.DESCRIPTOR.services_by_name[name].full_name
-        for name in ("Classifier", "QA", "NER", "Embedder", "FillMask", "Models")
+        for name in ("Classifier", "QA", "NER", "Embedder", "FillMask", "Reranker", "Models")
     ),
     v2_servicer.SERVICE.full_name,
 )
@@ -203,6 +204,7 @@ class GrpcFrontDoor:
                 _bert("NER", {"Recognize": NERServicer(engine).Recognize}),
                 _bert("Embedder", {"Embed": EmbedderServicer(engine).Embed}),
                 _bert("FillMask", {"Fill": FillMaskServicer(engine).Fill}),
+                _bert("Reranker", {"Rerank": RerankerServicer(engine).Rerank}),
                 _bert("Models", {"List": ModelsServicer(engine).List}),
                 _handlers(v2_servicer.SERVICE, v2_servicer.v2, _v2_methods(engine)),
             )

@@ -18,7 +18,7 @@ import grpc
 
 from bert_model.tasks.defaults import AGGREGATION_STRATEGIES
 from service.engine.engine import Engine, Outcome
-from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
+from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, RerankInput
 from service.error_messages import clip_message
 from service.errors import Internal, InvalidInput, ServiceError, grpc_status
 from service.grpc_api.stubs import bert_pb2 as pb
@@ -221,6 +221,27 @@ class FillMaskServicer(_Base, pb_grpc.FillMaskServicer):
                 for masks in outcome.results
             ],
         )
+
+
+class RerankerServicer(_Base, pb_grpc.RerankerServicer):
+    async def Rerank(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(timeout: float | None) -> Outcome:
+            task_input = RerankInput(
+                query=request.query,
+                texts=list(request.texts),
+                raw_scores=request.raw_scores,
+                top_n=request.top_n or None,
+                truncate=request.truncate if request.HasField("truncate") else None,
+            )
+            return await self.engine.submit(task_input, model=request.model or None, timeout_s=timeout, field="texts")
+
+        outcome = await self._call(context, "/bert.v1.Reranker/Rerank", run)
+        texts = request.texts
+        ranks = [
+            pb.Rank(index=r["index"], score=r["score"], **({"text": texts[r["index"]]} if request.return_text else {}))
+            for r in outcome.results[0]["ranks"]
+        ]
+        return pb.RerankResponse(model=outcome.model, ranks=ranks)
 
 
 class ModelsServicer(_Base, pb_grpc.ModelsServicer):

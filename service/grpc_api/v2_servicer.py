@@ -18,14 +18,23 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as v2
 
 from service.engine.engine import Engine, LoadedModel
-from service.engine.tensors import INPUTS, OUTPUTS, Tensor, from_raw, result_tensors, task_input, to_raw
-from service.errors import InvalidInput, UnknownModel
+from service.engine.tensors import (
+    INPUTS,
+    MODEL_VERSION,
+    OUTPUTS,
+    Tensor,
+    from_raw,
+    protocol_model,
+    result_tensors,
+    task_input,
+    to_raw,
+)
+from service.errors import InvalidInput
 from service.grpc_api.servicers import run_call
 
 SERVICE = v2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 SERVER_NAME = "bertserve"
 VERSION = "1.0.0"
-MODEL_VERSION = "1"
 CONTENTS = {"BYTES": "bytes_contents", "FP32": "fp32_contents", "INT64": "int64_contents"}
 """Datatype -> the typed-contents field that carries it."""
 
@@ -54,7 +63,7 @@ class InferenceServicer:
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(timeout: float | None) -> Any:
-            model = self._model(request.name, request.version)
+            model = protocol_model(self.engine, request.name, request.version)
             task = model.bundle.task
 
             def specs(items: Any) -> list[Any]:
@@ -73,7 +82,7 @@ class InferenceServicer:
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(timeout: float | None) -> Any:
-            model = self._model(request.model_name, request.model_version)
+            model = protocol_model(self.engine, request.model_name, request.model_version)
             inputs = _input_tensors(request)
             outcome = await self.engine.submit(
                 task_input(model.bundle.task, inputs), model=model.name, timeout_s=timeout
@@ -83,16 +92,6 @@ class InferenceServicer:
             return _response(model, request, outputs)
 
         return await run_call(self.engine, context, "/inference.GRPCInferenceService/ModelInfer", run)
-
-    def _model(self, name: str, version: str) -> LoadedModel:
-        model = self.engine.models.get(name)
-        if model is None:
-            raise UnknownModel(f"unknown model {name!r}; loaded: {', '.join(self.engine.models) or 'none'}")
-        if version not in ("", MODEL_VERSION):
-            raise UnknownModel(f"model {name!r} has version {MODEL_VERSION} only, not {version!r}")
-        if model.bundle.task not in INPUTS:
-            raise InvalidInput(f"model {name!r} serves {model.bundle.task}, not served over this protocol")
-        return self.engine.model_for(model.bundle.task, name)
 
 
 def _input_tensors(request: Any) -> dict[str, Tensor]:

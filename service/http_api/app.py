@@ -12,7 +12,7 @@ type 415, an unknown route 404 and a wrong method 405.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
@@ -22,9 +22,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from service.engine.engine import RESPONSE_HEADERS, Engine
 from service.engine.inputs import ClassifyInput, NERInput, QAInput
+from service.error_messages import describe_problems
 from service.errors import (
     InvalidInput,
     InvalidJson,
@@ -47,6 +49,7 @@ from service.http_api.openai_routes import add_openai_routes
 from service.http_api.openapi import describe_server
 from service.http_api.playground import add_playground_routes
 from service.http_api.rendering import task_response
+from service.http_api.rerank_routes import add_rerank_routes
 from service.http_api.schemas import (
     Answer,
     ClassifyRequest,
@@ -182,13 +185,13 @@ def _add_error_handlers(app: FastAPI) -> None:
             reason, where = invalid.get("ctx", {}).get("error", ""), invalid.get("loc", ("body", "?"))[-1]
             refusal = InvalidJson(f"the request body is not valid JSON: {reason} at byte {where}; send a JSON object")
             return error_response(refusal)
-        return error_response(InvalidInput(_describe(problems)))
+        return error_response(InvalidInput(describe_problems(problems)))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         # routing: the HTTP layer's own statuses, mapped through the one table like every other answer
         if error.status_code == 405:
-            allowed = (getattr(error, "headers", None) or {}).get("Allow", "")
+            allowed = _allowed_methods(request)
             refusal = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}; use {allowed}")
             return error_response(refusal, {"allow": allowed} if allowed else None)
         if error.status_code == 404:
@@ -200,14 +203,14 @@ def _add_error_handlers(app: FastAPI) -> None:
         return unexpected_error_response(error)
 
 
-def _describe(problems: Sequence[Any]) -> str:
-    """One line naming every invalid field and what was expected."""
-    parts = []
-    for problem in problems[:5]:
-        location = ".".join(str(part) for part in problem.get("loc", ()) if part != "body") or "body"
-        parts.append(f"{location}: {problem.get('msg', 'invalid')}")
-    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-    return "; ".join(parts) + more
+def _allowed_methods(request: Request) -> str:
+    """The methods of every route at the request's path (the router's 405 names only the first route's)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 # ---- routes ---------------------------------------------------------------------------------------------
@@ -277,8 +280,9 @@ def _add_routes(app: FastAPI) -> None:
     add_encoder_routes(app, ERROR_RESPONSES, request_timeout)
     add_openai_routes(app, ERROR_RESPONSES, request_timeout)
     add_tei_routes(app, ERROR_RESPONSES, request_timeout)
+    add_rerank_routes(app, ERROR_RESPONSES, request_timeout)
     add_hf_routes(app, ERROR_RESPONSES, request_timeout)
-    add_v2_routes(app, request_timeout)
+    add_v2_routes(app, ERROR_RESPONSES, request_timeout)
 
     @app.get("/models", response_model=ModelList, responses=ERROR_RESPONSES, tags=["models"])
     async def models(request: Request) -> Any:

@@ -20,7 +20,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from service.engine.inputs import FillMaskInput
-from service.http_api.schemas import AT_LEAST_ONE, TRUNCATE_FIELD, Text, _Body, _model_field
+from service.http_api.schemas import (
+    AT_LEAST_ONE,
+    INTEGRAL,
+    TRUNCATE_FIELD,
+    Text,
+    TruncationDirection,
+    _Body,
+    _model_field,
+)
 
 EMBED_MODEL_EXAMPLE = "minilm"
 DIMENSIONS_FIELD = Field(
@@ -44,11 +52,11 @@ class EmbedRequest(_Body):
     inputs: Text | Annotated[list[Text], AT_LEAST_ONE] = Field(..., description="A text or a list of texts.")
     normalize: StrictBool = Field(True, description="L2-normalize each vector (unit length).")
     truncate: StrictBool | None = TRUNCATE_FIELD
-    truncation_direction: Literal["right", "Right"] = Field(
+    truncation_direction: TruncationDirection = Field(
         "right", description="Which end a cut removes: the right (the text's start is kept)."
     )
     prompt_name: None = Field(None, description="No prompts are configured on this server: null only.")
-    dimensions: Annotated[StrictInt, Field(ge=1)] | None = DIMENSIONS_FIELD
+    dimensions: Annotated[StrictInt, Field(ge=1), INTEGRAL] | None = DIMENSIONS_FIELD
     model: StrictStr | None = _model_field(EMBED_MODEL_EXAMPLE)
 
 
@@ -70,7 +78,7 @@ class OpenAIEmbeddingsRequest(_Body):
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: lists of numbers; base64: each vector's little-endian float32 bytes, base64."
     )
-    dimensions: Annotated[StrictInt, Field(ge=1)] | None = DIMENSIONS_FIELD
+    dimensions: Annotated[StrictInt, Field(ge=1), INTEGRAL] | None = DIMENSIONS_FIELD
     user: StrictStr | None = Field(None, description="Accepted for compatibility, not used.")
     truncate: StrictBool | None = TRUNCATE_FIELD
 
@@ -117,7 +125,9 @@ class FillMaskRequest(_Body):
     inputs: Text | Annotated[list[Text], AT_LEAST_ONE] = Field(
         ..., description="A text or a list of texts, each with at least one mask token ([MASK])."
     )
-    top_k: Annotated[StrictInt, Field(ge=1, le=100)] = Field(FillMaskInput.top_k, description="Fills per mask.")
+    top_k: Annotated[StrictInt, Field(ge=1, le=100), INTEGRAL] = Field(
+        FillMaskInput.top_k, description="Fills per mask."
+    )
     targets: Text | Annotated[list[Text], AT_LEAST_ONE] | None = Field(
         None, description="Score only these tokens (each a single vocabulary entry); omitted = the whole vocabulary."
     )

@@ -23,7 +23,7 @@ Reference: https://huggingface.co/docs/inference-providers/tasks
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -34,6 +34,7 @@ from service.engine.engine import Engine, LoadedModel, Outcome
 from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
 from service.errors import InvalidInput, UnknownModel
 from service.http_api.rendering import task_response
+from service.http_api.schemas import INTEGRAL, TruncationDirection
 
 Timeout = Callable[[Request], float | None]
 
@@ -43,13 +44,15 @@ class HFRequest(BaseModel):
     `InferenceClient` sends at the root are taken there too."""
 
     model_config = ConfigDict(extra="forbid")
-    inputs: JsonValue = Field(..., description="The task's input (see the route's description).")
+    inputs: StrictStr | list[JsonValue] | dict[str, JsonValue] = Field(
+        ..., description="The task's input: a text, a list, or an object (see the route's description)."
+    )
     parameters: dict[str, JsonValue] = Field(default_factory=dict, description="The task's options.")
     normalize: StrictBool | None = None
     truncate: StrictBool | None = None
-    truncation_direction: StrictStr | None = None
+    truncation_direction: TruncationDirection | None = None
     prompt_name: None = None
-    dimensions: StrictInt | None = None
+    dimensions: Annotated[StrictInt, Field(ge=1), INTEGRAL] | None = None
     encoding_format: StrictStr | None = None
 
 

@@ -3,17 +3,21 @@ is one the server takes.
 
 From the settings: at most `max_inputs_per_request` inputs in a list, texts of at most `max_text_chars`
 characters. Once the models are loaded: each task request's `model` lists the loaded models of that task and ""
-(the task's default, as omitted or null; the default is the example), and QA's `doc_stride` stays below the
-context tokens of every loaded QA model's windows, and the routes of a task without a loaded model (they answer
-422 "no ... model is loaded") are left out. Before that the schema holds for any model (`model`: any name, an
-example per route).
+(the task's default, as omitted or null; the default is the example), a model named in the path or by a request
+that takes any model (`/tokenize`, `/decode`) is one of the loaded ones, token ids stay below every loaded
+vocabulary, `dimensions` within every embedding size, fill-mask texts hold a mask token, QA's `doc_stride`
+stays below the context tokens of every loaded QA model's windows, and the routes of a task without a loaded
+model (they answer 422 "no ... model is loaded") are left out. Before that the schema holds for any model
+(`model`: any name, an example per route).
 Reference: https://fastapi.tiangolo.com/how-to/extending-openapi/
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -27,8 +31,33 @@ REQUEST_TASKS = {
     "EmbedRequest": "embed",
     "OpenAIEmbeddingsRequest": "embed",
     "FillMaskRequest": "fill-mask",
+    "PredictRequest": "classify",
+    "TeiRerankRequest": "rerank",
+    "CohereRerankRequest": "rerank",
 }
 """Request body schema -> the task whose models its `model` field names."""
+
+ANY_MODEL_REQUESTS = ("TokenizeRequest", "DecodeRequest")
+"""Request body schemas whose `model` names any loaded model."""
+
+MODEL_PATH_PARAMETERS = ("name", "model_id")
+"""Path parameters that name a loaded model (`/models/{name}`, `/v1/models/{model_id}`, `/v2/models/{name}`)."""
+
+
+@dataclass(frozen=True)
+class ServedModels:
+    """What the schema states about the loaded models."""
+
+    entries: list[dict[str, Any]]
+    """`GET /models` entries."""
+    qa_rooms: list[int]
+    """Context tokens per window of each QA model."""
+    vocab_sizes: list[int]
+    """Each model's vocabulary size."""
+    embedding_sizes: list[int]
+    """Each embedding model's vector size (once its warm-up has read it)."""
+    mask_tokens: list[str]
+    """Each fill-mask model's mask token."""
 
 
 def describe_server(app: FastAPI) -> None:
@@ -42,7 +71,7 @@ def describe_server(app: FastAPI) -> None:
             return with_security(with_limits(base(), settings), settings)
         if not loaded:
             schema = with_security(with_limits(base(), settings), settings)
-            loaded.update(with_models(schema, engine.list_models(), _qa_context_rooms(engine)))
+            loaded.update(with_models(schema, served_models(engine)))
         return loaded
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -52,7 +81,7 @@ def with_limits(schema: dict[str, Any], settings: ServiceSettings) -> dict[str, 
     """A copy of `schema` whose input lists and texts carry the per-request limits of `settings`."""
     schema = copy.deepcopy(schema)
     for node in _nodes(schema.get("components", {}).get("schemas", {})):
-        if node.get("minItems") == 1:  # the lists of inputs (service.http_api.schemas.AT_LEAST_ONE)
+        if node.get("minItems") == 1 and "maxItems" not in node:  # lists of inputs (schemas.AT_LEAST_ONE)
             node["maxItems"] = settings.max_inputs_per_request
         if node.get("type") == "string" and "pattern" in node:  # the texts (service.http_api.schemas.Text)
             node["maxLength"] = settings.max_text_chars
@@ -80,11 +109,49 @@ def with_security(schema: dict[str, Any], settings: ServiceSettings) -> dict[str
     return schema
 
 
-def with_models(schema: dict[str, Any], models: list[dict[str, Any]], qa_rooms: list[int]) -> dict[str, Any]:
-    """A copy of `schema` whose task requests name the loaded `models` (`GET /models` entries) and whose
-    `doc_stride` is below the smallest of `qa_rooms` (context tokens per window of each QA model)."""
+def served_models(engine: Any) -> ServedModels:
+    """The loaded models of `engine`, as the schema states them."""
+    models = list(engine.models.values())
+    return ServedModels(
+        entries=engine.list_models(),
+        qa_rooms=[model.pipeline.windows.context_room for model in models if model.bundle.task == "qa"],
+        vocab_sizes=[model.bundle.tokenizer.vocab_size for model in models],
+        embedding_sizes=[
+            size for model in models if (size := getattr(model.pipeline, "vector_size", None)) is not None
+        ],
+        mask_tokens=[model.pipeline.mask_token for model in models if model.bundle.task == "fill-mask"],
+    )
+
+
+def with_models(schema: dict[str, Any], served: ServedModels) -> dict[str, Any]:
+    """A copy of `schema` whose requests and paths name the `served` models, whose token ids are below every
+    vocabulary and whose `doc_stride` is below the smallest QA window's context tokens."""
     schema = copy.deepcopy(schema)
     components = schema.get("components", {}).get("schemas", {})
+    _name_models(components, served.entries)
+    _name_paths(schema.get("paths", {}), served.entries)
+    ids = components.get("DecodeRequest", {}).get("properties", {}).get("ids")
+    if ids is not None and served.vocab_sizes:
+        _set_maximum(ids, min(served.vocab_sizes) - 1)
+    if served.embedding_sizes:
+        for name in ("EmbedRequest", "OpenAIEmbeddingsRequest"):
+            dimensions = components.get(name, {}).get("properties", {}).get("dimensions")
+            if dimensions is not None:
+                _set_maximum(dimensions, min(served.embedding_sizes))
+    masked = components.get("FillMaskRequest", {}).get("properties", {}).get("inputs")
+    if masked is not None and served.mask_tokens:
+        pattern = "|".join(re.escape(token) for token in sorted(set(served.mask_tokens)))
+        for node in _nodes(masked):
+            if node.get("type") == "string":
+                node["pattern"] = pattern  # a text with a mask token (so not blank either)
+    stride = components.get("QARequest", {}).get("properties", {}).get("doc_stride")
+    if stride is not None and served.qa_rooms:
+        _set_maximum(stride, min(served.qa_rooms) - 1)
+    return schema
+
+
+def _name_models(components: dict[str, Any], models: list[dict[str, Any]]) -> None:
+    """Each request's `model`: the loaded models it may name, and "" (the default)."""
     for name, task in REQUEST_TASKS.items():
         properties = components.get(name, {}).get("properties", {})
         names = [model["name"] for model in models if model["task"] == task]
@@ -92,27 +159,39 @@ def with_models(schema: dict[str, Any], models: list[dict[str, Any]], qa_rooms: 
             default = next(model["name"] for model in models if model["task"] == task and model["is_default"])
             properties["model"]["anyOf"] = [{"type": "string", "enum": [*names, ""]}, {"type": "null"}]
             properties["model"]["examples"] = [default]
-    served = {model["task"] for model in models}
-    for path, operations in list(schema.get("paths", {}).items()):
+    every_name = [model["name"] for model in models]
+    for name in ANY_MODEL_REQUESTS:
+        properties = components.get(name, {}).get("properties", {})
+        if "model" in properties and every_name:
+            properties["model"]["anyOf"] = [{"type": "string", "enum": [*every_name, ""]}, {"type": "null"}]
+
+
+def _name_paths(paths: dict[str, Any], models: list[dict[str, Any]]) -> None:
+    """Drop the routes of tasks no loaded model serves; a model in a path is a loaded one."""
+    served_tasks = {model["task"] for model in models}
+    every_name = [model["name"] for model in models]
+    for path, operations in list(paths.items()):
         request = _request_schema(operations.get("post", {}))
-        if request in REQUEST_TASKS and REQUEST_TASKS[request] not in served:
-            del schema["paths"][path]
-    stride = components.get("QARequest", {}).get("properties", {}).get("doc_stride")
-    if stride is not None and qa_rooms:
-        for option in stride.get("anyOf", []):
-            if option.get("type") == "integer":
-                option["maximum"] = min(qa_rooms) - 1
-    return schema
+        if request in REQUEST_TASKS and REQUEST_TASKS[request] not in served_tasks:
+            del paths[path]
+            continue
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") == "path" and parameter.get("name") in MODEL_PATH_PARAMETERS and every_name:
+                    parameter["schema"] = {**parameter["schema"], "enum": every_name}
+
+
+def _set_maximum(field: dict[str, Any], maximum: int) -> None:
+    """Every integer inside `field` at most `maximum`."""
+    for node in _nodes(field):
+        if node.get("type") == "integer":
+            node["maximum"] = maximum
 
 
 def _request_schema(operation: dict[str, Any]) -> str:
     """The component name of an operation's JSON request body ("" when it has none)."""
     reference = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
     return str(reference.get("$ref", "")).rpartition("/")[2]
-
-
-def _qa_context_rooms(engine: Any) -> list[int]:
-    return [model.pipeline.windows.context_room for model in engine.models.values() if model.bundle.task == "qa"]
 
 
 def _nodes(value: Any) -> Iterator[dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import Response
@@ -31,7 +32,8 @@ HEADERS = {
 
 
 def add_playground_routes(app: FastAPI) -> None:
-    """`GET /`, `GET /playground` (the page) and `GET /playground/<asset>`; kept out of the OpenAPI schema."""
+    """`GET /`, `GET /playground` (the page) and `GET /playground/<asset>`; `GET /` is in the OpenAPI schema (the
+    path has `POST /` too, Hugging Face's shape), the rest is kept out."""
     page = (STATIC / "playground.html").read_bytes()
     assets = {name: ((STATIC / name).read_bytes(), media) for name, media in ASSETS.items()}
 
@@ -39,7 +41,13 @@ def add_playground_routes(app: FastAPI) -> None:
         """The playground page."""
         return Response(page, media_type="text/html; charset=utf-8", headers=HEADERS)
 
-    app.add_api_route("/", playground, methods=["GET"], include_in_schema=False)
+    page_response: dict[int | str, dict[str, Any]] = {
+        200: {"description": "The page.", "content": {"text/html": {"schema": {"type": "string"}}}},
+        401: {"description": "An API key is set and the docs are not public."},
+    }
+    app.add_api_route(
+        "/", playground, methods=["GET"], response_class=Response, responses=page_response, tags=["playground"]
+    )
     app.add_api_route("/playground", playground, methods=["GET"], include_in_schema=False)
     for name, (body, media) in assets.items():
         app.add_api_route(f"/playground/{name}", _asset(body, media), methods=["GET"], include_in_schema=False)

@@ -45,6 +45,12 @@ INTEGRAL = BeforeValidator(_integral)
 # A list of inputs holds at least one; the service checks it (pydantic would not say which list is empty).
 AT_LEAST_ONE = Field(json_schema_extra={"minItems": 1})
 
+# A text pair as a list (TEI's `/predict`): one or two texts.
+ONE_OR_TWO = Field(json_schema_extra={"minItems": 1, "maxItems": 2})
+
+TruncationDirection = Literal["right", "Right"]
+"""TEI's `truncation_direction`: only the right end is cut here (a cut keeps the text's start)."""
+
 
 def _texts_or_pairs(schema: dict[str, Any]) -> None:
     """A classify list holds texts only or pairs only (the service says so when mixed): `items: anyOf [text,

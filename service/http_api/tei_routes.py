@@ -21,11 +21,13 @@ from service.engine.engine import Engine, LoadedModel, Outcome
 from service.engine.inputs import ClassifyInput, check_texts
 from service.errors import InvalidInput, UnknownModel
 from service.http_api.rendering import json_bytes, task_response
+from service.http_api.schemas import AT_LEAST_ONE, INTEGRAL, ONE_OR_TWO, Text, TruncationDirection
 
 Timeout = Callable[[Request], float | None]
 MAX_DECODE_IDS = 100_000
 """Most token ids one /decode request may send, over all its sequences."""
 VERSION = "1.0.0"
+TokenId = Annotated[StrictInt, Field(ge=0), INTEGRAL]
 
 
 class _TeiBody(BaseModel):
@@ -34,11 +36,15 @@ class _TeiBody(BaseModel):
 
 
 class PredictRequest(_TeiBody):
-    inputs: StrictStr | list[StrictStr] | list[list[StrictStr]] = Field(
+    inputs: (
+        Text | Annotated[list[Text], ONE_OR_TWO] | Annotated[list[Annotated[list[Text], ONE_OR_TWO]], AT_LEAST_ONE]
+    ) = Field(
         ..., description="A text, a pair [text, text], or a batch of [text] and [text, text].", examples=["I like you."]
     )
     truncate: StrictBool | None = None
-    truncation_direction: StrictStr | None = Field(None, description="right only (a cut keeps the text's start).")
+    truncation_direction: TruncationDirection | None = Field(
+        None, description="right only (a cut keeps the text's start)."
+    )
     raw_scores: StrictBool = Field(False, description="The raw logits instead of probabilities.")
 
 
@@ -48,7 +54,7 @@ class Prediction(BaseModel):
 
 
 class TokenizeRequest(_TeiBody):
-    inputs: StrictStr | list[StrictStr] = Field(..., examples=["test"])
+    inputs: Text | Annotated[list[Text], AT_LEAST_ONE] = Field(..., examples=["test"])
     add_special_tokens: StrictBool = True
 
 
@@ -61,8 +67,10 @@ class SimpleToken(BaseModel):
 
 
 class DecodeRequest(_TeiBody):
-    ids: list[Annotated[StrictInt, Field(ge=0)]] | list[list[Annotated[StrictInt, Field(ge=0)]]] = Field(
-        ..., examples=[[101, 3231, 102]]
+    ids: list[TokenId] | list[list[TokenId]] = Field(
+        ...,
+        description="One sequence of token ids (`[]`: the empty text), or a list of sequences.",
+        examples=[[101, 3231, 102]],
     )
     skip_special_tokens: StrictBool = True
 
@@ -74,8 +82,6 @@ def add_tei_routes(app: FastAPI, responses: dict[int | str, dict[str, Any]], tim
     async def predict(body: PredictRequest, request: Request) -> Any:
         """Classify a text, a pair, or a batch of both: every label, best first (TEI's `/predict`)."""
         items, single = _predict_inputs(body.inputs)
-        if body.truncation_direction is not None and body.truncation_direction.lower() != "right":
-            raise InvalidInput(f"truncation_direction: only right here, got {body.truncation_direction!r}")
         raw = body.raw_scores
         results, outcome = await _predict(_engine(request), items, body.model, body.truncate, raw, timeout(request))
         return task_response(results[0] if single else results, outcome)
@@ -94,7 +100,9 @@ def add_tei_routes(app: FastAPI, responses: dict[int | str, dict[str, Any]], tim
     async def decode(body: DecodeRequest, request: Request) -> Any:
         """The text of each sequence of token ids (TEI's `/decode`)."""
         engine = _engine(request)
-        sequences: list[list[int]] = [body.ids] if body.ids and isinstance(body.ids[0], int) else body.ids  # type: ignore[assignment]
+        # `[]` is one empty sequence, as TEI reads it
+        one = not body.ids or isinstance(body.ids[0], int)
+        sequences: list[list[int]] = [body.ids] if one else body.ids  # type: ignore[list-item,assignment]
         _check_ids(sequences, engine.limits.max_inputs)
         model = _model(engine, body.model)
         vocabulary = model.bundle.tokenizer.vocab_size
@@ -110,7 +118,12 @@ def add_tei_routes(app: FastAPI, responses: dict[int | str, dict[str, Any]], tim
         engine = _engine(request)
         return _info(engine, _model(engine, None))
 
-    @app.get("/health", tags=["health"])
+    @app.get(
+        "/health",
+        tags=["health"],
+        response_class=Response,
+        responses={200: {"description": "Ready."}, 503: {"description": "Not ready."}},
+    )
     async def health(request: Request) -> Response:
         """TEI's health: 200 when the server takes requests, 503 otherwise (also `/health/ready`)."""
         state = _engine(request).state
@@ -148,6 +161,8 @@ def _predict_inputs(inputs: Any) -> tuple[list[tuple[str, str | None]], bool]:
     """TEI's `/predict` inputs as (text, pair) items, and whether one sequence was sent."""
     if isinstance(inputs, str):
         return [(inputs, None)], True
+    if not inputs:
+        raise InvalidInput("inputs: send a text, a pair [text, text], or a batch of [text] and [text, text]")
     if inputs and all(isinstance(item, str) for item in inputs):
         if len(inputs) > 2:
             raise InvalidInput("inputs: a pair is two texts; send a batch as [[text], [text, text], ...]")
@@ -181,8 +196,6 @@ def _tokens(model: LoadedModel, texts: list[str], special: bool) -> list[list[di
 
 
 def _check_ids(sequences: list[list[int]], max_sequences: int) -> None:
-    if not sequences or not all(isinstance(ids, list) for ids in sequences):
-        raise InvalidInput("ids: send a list of token ids, or a list of such lists")
     if len(sequences) > max_sequences:
         raise InvalidInput(f"ids: {len(sequences)} sequences, more than the limit of {max_sequences}; split it")
     if sum(map(len, sequences)) > MAX_DECODE_IDS:

@@ -11,79 +11,119 @@ binary_tensor_data extension.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import Field, ValidationError
 
 from service.engine.engine import Engine, LoadedModel
 from service.engine.tensors import (
     INPUTS,
+    MODEL_VERSION,
     OUTPUTS,
     Tensor,
     from_json,
     from_raw,
+    protocol_model,
     result_tensors,
     task_input,
     to_json,
     to_raw,
 )
-from service.error_messages import clip_message
-from service.errors import InvalidInput, InvalidJson, ServiceError, UnknownModel, http_status
+from service.error_messages import clip_message, describe_problems
+from service.errors import InvalidInput, InvalidJson, ServiceError, http_status
 from service.http_api.middleware import MAX_MESSAGE_BYTES, unexpected_error_response
+from service.http_api.v2_schemas import (
+    V2InferRequest,
+    V2InferResponse,
+    V2InputTensor,
+    V2ModelMetadata,
+    V2RequestedOutput,
+    V2ServerMetadata,
+    error_responses,
+    inline_schema,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
 SERVER_NAME = "bertserve"
 VERSION = "1.0.0"
-MODEL_VERSION = "1"
 RESERVED_PARAMETERS = frozenset(
     {"binary_data_output", "timeout", "priority", "sequence_id", "sequence_start", "sequence_end"}
 )
 """Request parameters of the protocol or of Triton's clients, taken and not acted on beyond `binary_data_output`."""
 
 Timeout = Callable[[Request], float | None]
+Version = Annotated[
+    str,
+    Field(
+        description="The model's version: every model has one, 1 ('' = it).",
+        json_schema_extra={"enum": ["", MODEL_VERSION]},
+    ),
+]
 
 
-def add_v2_routes(app: FastAPI, timeout: Timeout) -> None:
-    common: dict[str, Any] = {"tags": ["open-inference-protocol"]}
+def add_v2_routes(app: FastAPI, responses: dict[int | str, dict[str, Any]], timeout: Timeout) -> None:
+    tags: dict[str, Any] = {"tags": ["open-inference-protocol"]}
+    errors = error_responses(responses)
+    # the health answers are the status alone, with an empty body, as the protocol has them
+    status_only: dict[str, Any] = {**tags, "response_class": Response}
+    health: dict[int | str, dict[str, Any]] = {200: {"description": "Yes."}, 503: {"description": "No."}}
 
-    @app.get("/v2", **common)
+    @app.get("/v2", response_model=V2ServerMetadata, responses=errors, **tags)
     async def server_metadata() -> Any:
         """Server metadata: name, version, extensions."""
         return {"name": SERVER_NAME, "version": VERSION, "extensions": ["binary_tensor_data"]}
 
-    @app.get("/v2/health/live", **common)
+    @app.get("/v2/health/live", responses=health, **status_only)
     async def server_live(request: Request) -> Response:
         """200 while the process can serve."""
         return Response(status_code=503 if _engine(request).state.failure else 200)
 
-    @app.get("/v2/health/ready", **common)
+    @app.get("/v2/health/ready", responses=health, **status_only)
     async def server_ready(request: Request) -> Response:
         """200 while every model is loaded and the server takes requests."""
         return Response(status_code=200 if _ready(_engine(request)) else 503)
 
-    @app.get("/v2/models/{name}/ready", **common)
-    @app.get("/v2/models/{name}/versions/{version}/ready", **common)
-    async def model_ready(name: str, request: Request, version: str = "") -> Response:
+    ready = {**responses, 200: {"description": "Yes."}, 400: {"description": "No: not loaded, or not ready."}}
+
+    @app.get("/v2/models/{name}/ready", responses=ready, **status_only)
+    @app.get("/v2/models/{name}/versions/{version}/ready", responses=ready, **status_only)
+    async def model_ready(name: str, request: Request, version: Version = "") -> Response:
         """200 when the model is loaded and the server takes requests."""
         engine = _engine(request)
-        return Response(status_code=200 if name in engine.models and _ready(engine) else 400)
+        known = name in engine.models and version in ("", MODEL_VERSION)
+        return Response(status_code=200 if known and _ready(engine) else 400)
 
-    @app.get("/v2/models/{name}", **common)
-    @app.get("/v2/models/{name}/versions/{version}", **common)
-    async def model_metadata(name: str, request: Request, version: str = "") -> Response:
+    @app.get("/v2/models/{name}", response_model=V2ModelMetadata, responses=errors, **tags)
+    @app.get("/v2/models/{name}/versions/{version}", response_model=V2ModelMetadata, responses=errors, **tags)
+    async def model_metadata(name: str, request: Request, version: Version = "") -> Response:
         """The model's input and output tensors."""
-        return await _answer(lambda: _metadata(_model(_engine(request), name, version)))
+        return await _answer(lambda: _metadata(protocol_model(_engine(request), name, version)))
 
-    @app.post("/v2/models/{name}/infer", **common)
-    @app.post("/v2/models/{name}/versions/{version}/infer", **common)
-    async def infer(name: str, request: Request, version: str = "") -> Response:
+    binary = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+    infer_responses = {
+        **errors,
+        200: {"description": "The outputs (binary_data: a JSON head, then the raw tensors).", "content": binary},
+    }
+    request_schema = inline_schema(V2InferRequest)
+    body = {"requestBody": {"required": True, "content": {"application/json": {"schema": request_schema}}}}
+    infer_route: dict[str, Any] = {
+        **tags,
+        "response_model": V2InferResponse,
+        "responses": infer_responses,
+        "openapi_extra": body,
+    }
+
+    @app.post("/v2/models/{name}/infer", **infer_route)
+    @app.post("/v2/models/{name}/versions/{version}/infer", **infer_route)
+    async def infer(name: str, request: Request, version: Version = "") -> Response:
         """Run the model on named tensors (JSON, or the binary tensor data extension)."""
         engine = _engine(request)
 
         async def run() -> Response:
-            return await _infer(engine, _model(engine, name, version), request, timeout(request))
+            return await _infer(engine, protocol_model(engine, name, version), request, timeout(request))
 
         return await _answer(run)
 
@@ -108,17 +148,6 @@ def _ready(engine: Engine) -> bool:
     return state.ready and not state.draining and state.failure is None
 
 
-def _model(engine: Engine, name: str, version: str) -> LoadedModel:
-    model = engine.models.get(name)
-    if model is None:
-        raise UnknownModel(f"unknown model {name!r}; loaded: {', '.join(engine.models) or 'none'}")
-    if version not in ("", MODEL_VERSION):
-        raise UnknownModel(f"model {name!r} has version {MODEL_VERSION} only, not {version!r}")
-    if model.bundle.task not in INPUTS:
-        raise InvalidInput(f"model {name!r} serves {model.bundle.task}, not served over this protocol")
-    return engine.model_for(model.bundle.task, name)  # NotReady while loading or stopping
-
-
 def _metadata(model: LoadedModel) -> Response:
     task = model.bundle.task
 
@@ -138,17 +167,19 @@ def _metadata(model: LoadedModel) -> Response:
 
 async def _infer(engine: Engine, model: LoadedModel, request: Request, timeout_s: float | None) -> Response:
     head, raw = _split_body(await request.body(), request.headers.get(HEADER_LENGTH))
-    inputs = _input_tensors(head, raw)
-    parameters = head.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidInput("parameters: send an object")
+    try:
+        body = V2InferRequest.model_validate(head)
+    except ValidationError as error:
+        raise InvalidInput(describe_problems(error.errors(include_url=False))) from None
+    inputs = _input_tensors(body.inputs, raw)
+    parameters = body.parameters or {}
     unknown = sorted(set(parameters) - RESERVED_PARAMETERS)
     if unknown:
         raise InvalidInput(f"parameters: {', '.join(unknown)} not taken by this server")
     outcome = await engine.submit(task_input(model.bundle.task, inputs), model=model.name, timeout_s=timeout_s)
     outputs = result_tensors(model.bundle.task, list(model.bundle.manifest.labels), outcome.results)
-    binary = _wanted_outputs(head, outputs, bool(parameters.get("binary_data_output", False)))
-    return _response(model, head.get("id"), outputs, binary, outcome.headers())
+    binary = _wanted_outputs(body.outputs, outputs, bool(parameters.get("binary_data_output", False)))
+    return _response(model, body.id, outputs, binary, outcome.headers())
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
@@ -170,52 +201,35 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any],
     return head, body[size:]
 
 
-def _input_tensors(head: dict[str, Any], raw: bytes) -> dict[str, Tensor]:
-    items = head.get("inputs")
-    if not isinstance(items, list) or not items:
-        raise InvalidInput("inputs: send a list of named tensors")
+def _input_tensors(items: list[V2InputTensor], raw: bytes) -> dict[str, Tensor]:
     tensors: dict[str, Tensor] = {}
     offset = 0
     for item in items:
-        name, datatype, shape = _tensor_head(item)
-        size = (item.get("parameters") or {}).get("binary_data_size")
+        size = (item.parameters or {}).get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(raw):
-                raise InvalidInput(f"inputs: tensor {name}'s binary_data_size {size} does not fit the body")
-            tensors[name] = from_raw(name, datatype, shape, raw[offset : offset + size])
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(raw):
+                raise InvalidInput(f"inputs: tensor {item.name}'s binary_data_size {size} does not fit the body")
+            tensors[item.name] = from_raw(item.name, item.datatype, item.shape, raw[offset : offset + size])
             offset += size
         else:
-            tensors[name] = from_json(name, datatype, shape, item.get("data"))
+            tensors[item.name] = from_json(item.name, item.datatype, item.shape, item.data)
     if offset != len(raw):
         raise InvalidInput(f"the body has {len(raw) - offset} bytes after its tensors")
     return tensors
 
 
-def _tensor_head(item: Any) -> tuple[str, str, list[int]]:
-    if not isinstance(item, dict):
-        raise InvalidInput("inputs: each tensor is an object {name, datatype, shape, data}")
-    name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
-    if not isinstance(name, str) or not isinstance(datatype, str):
-        raise InvalidInput("inputs: each tensor needs a name and a datatype")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape) or len(shape) > 4:
-        raise InvalidInput(f"inputs: tensor {name}'s shape must be a list of sizes")
-    return name, datatype, shape
-
-
-def _wanted_outputs(head: dict[str, Any], outputs: list[Tensor], binary_default: bool) -> dict[str, bool]:
+def _wanted_outputs(
+    requested: list[V2RequestedOutput] | None, outputs: list[Tensor], binary_default: bool
+) -> dict[str, bool]:
     """Output name -> whether it is sent in binary form; only the requested ones when some are named."""
-    requested = head.get("outputs")
     if requested is None:
         return {tensor.name: binary_default for tensor in outputs}
-    if not isinstance(requested, list):
-        raise InvalidInput("outputs: send a list of {name}")
     names = {tensor.name for tensor in outputs}
     wanted: dict[str, bool] = {}
     for item in requested:
-        name = item.get("name") if isinstance(item, dict) else None
-        if name not in names:
-            raise InvalidInput(f"outputs: unknown tensor {name!r}; this model puts out {', '.join(sorted(names))}")
-        wanted[name] = bool((item.get("parameters") or {}).get("binary_data", binary_default))
+        if item.name not in names:
+            raise InvalidInput(f"outputs: unknown tensor {item.name!r}; this model puts out {', '.join(sorted(names))}")
+        wanted[item.name] = bool((item.parameters or {}).get("binary_data", binary_default))
     return wanted
 
 

@@ -74,3 +74,24 @@ def test_served_minilm_retrieves_as_sentence_transformers(minilm_server: ServerP
     for k in (1, 5):
         assert abs(served[f"recall@{k}"] - reference[f"recall@{k}"]) <= 0.5, (served, reference)
     assert reference["recall@5"] > 80.0  # a working encoder: the gold paragraph is nearly always in the top 5
+
+
+def test_two_stage_scores_embeddings_alone_and_reranked() -> None:
+    """A reranker that puts the gold paragraph first lifts recall@1 to 100 where the embeddings rank it second;
+    MRR@10 counts 1/rank within the first ten."""
+    from bertserve.retrieval_eval import evaluate_two_stage
+
+    retrieval_set = RetrievalSet(questions=["q0", "q1"], paragraphs=["p0", "p1", "p2"], gold=[0, 1])
+    vectors = {"q0": [1.0, 0.0], "q1": [0.0, 1.0], "p0": [0.6, 0.8], "p1": [0.8, 0.6], "p2": [-1.0, 0.0]}
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return np.array([vectors[t] for t in texts], dtype=np.float32)
+
+    def rerank(query: str, passages: list[str]) -> list[int]:
+        gold = retrieval_set.paragraphs[retrieval_set.gold[retrieval_set.questions.index(query)]]
+        return sorted(range(len(passages)), key=lambda i: passages[i] != gold)
+
+    result = evaluate_two_stage(embed, rerank, retrieval_set, top_k=2)
+    assert result["embeddings"]["recall@1"] == 0.0 and result["embeddings"]["mrr@10"] == 50.0
+    assert result["reranked"]["recall@1"] == 100.0 and result["reranked"]["mrr@10"] == 100.0
+    assert result["rerank_ms_per_query"]["p50"] >= 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.service.server import ServerProcess, serving
-from tests.service.tiny_bundles import build_all, build_encoders
+from tests.service.tiny_bundles import build_all, build_encoders, build_tiny_bundle
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +23,13 @@ def encoder_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     """task -> bundle folder of a tiny random encoder model (embed, fill-mask)."""
     pytest.importorskip("torch", reason="building test bundles needs torch (the service itself does not)")
     return build_encoders(tmp_path_factory.mktemp("encoder-bundles"))
+
+
+@pytest.fixture(scope="session")
+def rerank_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bundle of a tiny random cross-encoder (task rerank)."""
+    pytest.importorskip("torch", reason="building test bundles needs torch (the service itself does not)")
+    return build_tiny_bundle(tmp_path_factory.mktemp("rerank-bundle"), "rerank")
 
 
 @pytest.fixture(scope="module")

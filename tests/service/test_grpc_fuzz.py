@@ -1,4 +1,4 @@
-"""The gRPC front door under malformed and hostile input, against a real server (the five tiny models, an API key).
+"""The gRPC front door under malformed and hostile input, against a real server (the six tiny models, an API key).
 
 Property-based fuzzing of every bert.v1 RPC with hypothesis, as the schemathesis test does for REST: messages built
 from the proto descriptors (every field of every request type, valid and invalid values), wire encodings no
@@ -43,7 +43,7 @@ AUTH = (("authorization", f"Bearer {API_KEY}"),)
 MAX_BODY_BYTES = 2_000_000  # the server's default max_body_bytes (grpc.max_receive_message_length)
 CALL_TIMEOUT_S = 20.0
 """A call that takes longer counts as a hang (DEADLINE_EXCEEDED is not an allowed answer to a fuzzed request)."""
-MODELS = ["tiny-classify", "tiny-qa", "tiny-ner", "tiny-embed", "tiny-fill-mask"]
+MODELS = ["tiny-classify", "tiny-qa", "tiny-ner", "tiny-embed", "tiny-fill-mask", "tiny-rerank"]
 WORDS = ["the", "film", "was", "good", "bad", "Ada", "Lovelace", "London", "river", "[MASK]", "[SEP]", "é", "北京"]
 TARGETS = ["good", "bad", "the", "river", "london"]
 """Single tokens of the uncased vocabulary (fill-mask targets)."""
@@ -60,8 +60,8 @@ class Rpc:
 
 
 INPUTS = {"ClassifyRequest": "inputs", "ExtractRequest": "inputs", "RecognizeRequest": "texts"}
-INPUTS |= {"EmbedRequest": "texts", "FillRequest": "texts"}
-RESULTS = {"EmbedResponse": "embeddings"}
+INPUTS |= {"EmbedRequest": "texts", "FillRequest": "texts", "RerankRequest": "texts"}
+RESULTS = {"EmbedResponse": "embeddings", "RerankResponse": "ranks"}
 
 
 def _rpcs() -> list[Rpc]:
@@ -81,10 +81,13 @@ RPC_IDS = [rpc.path.rsplit("/", 1)[1] for rpc in RPCS]
 
 @pytest.fixture(scope="module")
 def fuzz_server(
-    tiny_bundles: dict[str, Path], encoder_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    tiny_bundles: dict[str, Path],
+    encoder_bundles: dict[str, Path],
+    rerank_bundle: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("grpc-fuzz") / "server.log"
-    bundles = [*tiny_bundles.values(), *encoder_bundles.values()]
+    bundles = [*tiny_bundles.values(), *encoder_bundles.values(), rerank_bundle]
     with serving(bundles, log, {"BERTSERVE_API_KEY": API_KEY}) as process:
         yield process
 
@@ -117,6 +120,13 @@ def call_raw(channel: grpc.Channel, rpc: Rpc, payload: bytes, metadata: Any = AU
         return error.code(), error.details() or ""
 
 
+def expected_results(request: Any, rpc: Rpc) -> int:
+    """One result per input; a ranking holds the best `top_n` passages when the request sets it."""
+    count = len(getattr(request, rpc.inputs or ""))
+    top_n = getattr(request, "top_n", 0) if isinstance(request, pb.RerankRequest) else 0
+    return min(count, top_n) if top_n else count
+
+
 def judge(channel: grpc.Channel, rpc: Rpc, payload: bytes) -> grpc.StatusCode:
     """The answer to `payload` is a well-formed response or a status that says what to change."""
     code, answer = call_raw(channel, rpc, payload)
@@ -127,7 +137,7 @@ def judge(channel: grpc.Channel, rpc: Rpc, payload: bytes) -> grpc.StatusCode:
     if code == grpc.StatusCode.OK:
         assert request is not None, f"{rpc.path} answered OK to bytes that do not parse: {payload[:80]!r}"
         if rpc.inputs and rpc.results:
-            assert len(getattr(answer, rpc.results)) == len(getattr(request, rpc.inputs)), answer
+            assert len(getattr(answer, rpc.results)) == expected_results(request, rpc), answer
         return code
     details = answer
     assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED), (code, details)
@@ -365,6 +375,17 @@ VALID: dict[str, Callable[[], st.SearchStrategy[Any]]] = {
             truncate=st.just(True),
         ),
     ),
+    "Rerank": lambda: st.builds(
+        lambda query, texts, given: pb.RerankRequest(query=query, texts=texts, **given),
+        _non_blank(40),
+        _inputs(_non_blank(80)),
+        _options(
+            raw_scores=st.booleans(),
+            return_text=st.booleans(),
+            model=st.sampled_from(["", "tiny-rerank"]),
+            truncate=st.just(True),
+        ),
+    ),
     "List": lambda: st.just(pb.ListModelsRequest()),
 }
 
@@ -392,7 +413,7 @@ def _answer_valid(channel: grpc.Channel, rpc: Rpc, data: st.DataObject) -> None:
     code, answer = call_raw(channel, rpc, request.SerializeToString())
     assert code == grpc.StatusCode.OK, f"a valid {type(request).__name__} was refused: {code} {answer}"
     if rpc.inputs and rpc.results:
-        assert len(getattr(answer, rpc.results)) == len(getattr(request, rpc.inputs))
+        assert len(getattr(answer, rpc.results)) == expected_results(request, rpc)
     else:
         assert sorted(model.name for model in answer.models) == sorted(MODELS)
 
@@ -433,6 +454,7 @@ BASE: dict[str, Any] = {
     "Recognize": pb.RecognizeRequest(texts=["Ada went to London."]),
     "Embed": pb.EmbedRequest(texts=["a sentence"]),
     "Fill": pb.FillRequest(texts=["a [MASK] film"], targets=["good"]),
+    "Rerank": pb.RerankRequest(query="which film?", texts=["a fine film", "a river"]),
     "List": pb.ListModelsRequest(),
 }
 """A valid request per method, whose fields the tests below replace one at a time."""

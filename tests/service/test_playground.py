@@ -63,12 +63,14 @@ def test_assets_are_served_and_fetch_nothing_from_outside() -> None:
     assert not re.search(r"\.(inner|outer)HTML\s*=|insertAdjacentHTML|document\.write|\beval\(", script)
 
 
-def test_page_is_off_when_disabled_and_outside_openapi() -> None:
+def test_page_is_off_when_disabled_and_only_get_root_is_in_openapi() -> None:
     client = _client(playground=False)
-    assert client.get("/").status_code == 404
+    # POST / is Hugging Face's Inference API shape, so a GET there is the wrong method, not a missing page.
+    assert client.get("/").status_code == 405
     assert client.get("/playground").status_code == 404
+    assert "get" not in client.get("/openapi.json").json()["paths"]["/"]
     paths = _client().get("/openapi.json").json()["paths"]
-    assert not {"/", "/playground"} & set(paths)
+    assert "/playground" not in paths and "text/html" in paths["/"]["get"]["responses"]["200"]["content"]
 
 
 def test_with_a_key_the_page_needs_it_unless_the_docs_are_public() -> None:
@@ -133,20 +135,23 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def _models(tiny_bundles: dict[str, Path], encoder_bundles: dict[str, Path]) -> list[Path]:
+def _models(tiny_bundles: dict[str, Path], encoder_bundles: dict[str, Path], rerank_bundle: Path) -> list[Path]:
     models = [tiny_bundles["classify"], tiny_bundles["qa"], tiny_bundles["ner"], encoder_bundles["embed"]]
     default = [REPO / DEFAULT_BUNDLES_DIR / name for name in DEFAULT_MODELS]
     if SCREENSHOTS and all((path / "manifest.json").exists() for path in default):
         models = default
-    return [*models, encoder_bundles["fill-mask"]]
+    return [*models, encoder_bundles["fill-mask"], rerank_bundle]
 
 
 @pytest.fixture(scope="module")
 def server(
-    tiny_bundles: dict[str, Path], encoder_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    tiny_bundles: dict[str, Path],
+    encoder_bundles: dict[str, Path],
+    rerank_bundle: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("playground-server") / "server.log"
-    with serving(_models(tiny_bundles, encoder_bundles), log, ready_timeout=180) as process:
+    with serving(_models(tiny_bundles, encoder_bundles, rerank_bundle), log, ready_timeout=180) as process:
         yield process
 
 
@@ -237,7 +242,7 @@ def _no_horizontal_overflow(driver: Any) -> None:
 def test_tabs_are_the_served_tasks(page: Any, api: httpx.Client) -> None:
     tasks = {model["task"] for model in api.get("/models").json()["models"]}
     assert {button.get_attribute("data-task") for button in _all(page, "#tabs button")} == tasks
-    assert tasks == {"classify", "qa", "ner", "embed", "fill-mask"}
+    assert tasks == {"classify", "qa", "ner", "embed", "fill-mask", "rerank"}
 
 
 @pytest.mark.integration
@@ -339,6 +344,19 @@ def test_fill_mask_shows_the_top_tokens_per_mask(page: Any, api: httpx.Client) -
 
 
 @pytest.mark.integration
+def test_rerank_lists_the_passages_in_the_apis_order(page: Any, api: httpx.Client) -> None:
+    query = "Where did the committee meet?"
+    passages = ["The committee met in the town hall.", "Paris is the capital of France.", "Prices fell on Monday."]
+    _type(page, "rerank", "query", query)
+    _type(page, "rerank", "passages", "\n".join(passages))
+    result = _submit(page, "rerank")
+    ranks = api.post("/rerank", json={"query": query, "texts": passages}).json()
+    shown = [_text(item) for item in result.find_elements("css selector", ".ranking .passage")]
+    assert shown == [passages[rank["index"]] for rank in ranks]
+    _screenshot(page, "rerank")
+
+
+@pytest.mark.integration
 def test_empty_input_shows_the_servers_message(page: Any, api: httpx.Client) -> None:
     _type(page, "classify", "text", "")
     result = _submit(page, "classify")
@@ -369,7 +387,9 @@ def test_long_and_many_inputs_scroll_inside_their_boxes(page: Any) -> None:
 @pytest.fixture(scope="module")
 def keyed_server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("playground-keyed") / "server.log"
-    with serving([tiny_bundles["classify"]], log, {"BERTSERVE_API_KEY": API_KEY}) as process:
+    with serving(
+        [tiny_bundles["classify"]], log, {"BERTSERVE_API_KEY": API_KEY, "BERTSERVE_PUBLIC_DOCS": "true"}
+    ) as process:
         yield process
 
 

@@ -17,6 +17,8 @@ NER_LABELS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC
 MAX_SEQ_LENGTH = 64
 TASK_NAMES = {"classify": "tiny-classify", "qa": "tiny-qa", "ner": "tiny-ner"}
 ENCODER_TASK_NAMES = {"embed": "tiny-embed", "fill-mask": "tiny-fill-mask"}
+RERANK_NAME = "tiny-rerank"
+"""A cross-encoder: a sequence classifier with one output, served as the rerank task."""
 """The encoder tasks, exported through export.wrapper.ExportWrapper as `bertserve export` does: BertModel's token
 states mean-pooled in the graph (normalized by the service), and the masked-LM head's logits at the mask tokens."""
 TASK_SETTINGS = {"embed": {"pooling": "mean", "normalize": True}, "fill-mask": {"mask_token": "[MASK]"}}
@@ -38,7 +40,7 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
 
     torch.manual_seed(seed)
     tokenizer = BertTokenizer.from_pretrained("minilm")
-    labels = {"classify": CLASSIFY_LABELS, "ner": NER_LABELS}.get(task, [])
+    labels = {"classify": CLASSIFY_LABELS, "ner": NER_LABELS, "rerank": ["relevance"]}.get(task, [])
     config = BertConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,
@@ -52,6 +54,7 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
         config = config.with_labels(labels)
     model_class = {
         "classify": BertForSequenceClassification,
+        "rerank": BertForSequenceClassification,
         "qa": BertForQuestionAnswering,
         "ner": BertForTokenClassification,
         "embed": BertModel,
@@ -75,7 +78,7 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
             out = self.inner(input_ids, attention_mask, token_type_ids)
             return tuple(getattr(out, n) for n in output_names)
 
-    bundle = out_dir / (name or {**TASK_NAMES, **ENCODER_TASK_NAMES}[task])
+    bundle = out_dir / (name or {**TASK_NAMES, **ENCODER_TASK_NAMES, "rerank": RERANK_NAME}[task])
     bundle.mkdir(parents=True, exist_ok=True)
     example = tokenizer(["hello world", "a slightly longer example sentence"])
     args = tuple(torch.from_numpy(example[n]) for n in INPUT_NAMES)
@@ -95,7 +98,7 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
         name=bundle.name,
         task=task,
         max_seq_length=MAX_SEQ_LENGTH,
-        labels=labels,
+        labels=[] if task == "rerank" else labels,
         variants={"cpu-fp32": VariantSpec("cpu-fp32.onnx", "CPUExecutionProvider", "fp32")},
         source={"built_by": "tests/service/tiny_bundles.py", "seed": seed},
         task_settings=TASK_SETTINGS.get(task, {}),

@@ -10,6 +10,7 @@
     ["qa", "Question answering"],
     ["ner", "Entities"],
     ["embed", "Embeddings"],
+    ["rerank", "Rerank"],
     ["fill-mask", "Fill-mask"],
   ];
   const TIMINGS = [
@@ -304,8 +305,25 @@
     },
   };
 
-  const RENDERERS = { classify, qa, ner, embed, "fill-mask": fillMask };
-  const PATHS = { classify: "classify", qa: "qa", ner: "ner", embed: "embed", "fill-mask": "fill-mask" };
+  const rerank = {
+    body(form) {
+      const passages = form.passages.value.split("\n").map((line) => line.trim()).filter((line) => line);
+      // nothing typed: send no passage, so the server's own message says what is wrong
+      return { query: form.query.value, texts: passages, return_text: true };
+    },
+    render(ranks) {
+      const list = el("ol", { class: "ranking" });
+      for (const rank of ranks) {
+        list.append(el("li", { title: `passage ${rank.index + 1}` },
+          bars([[`#${rank.index + 1}`, rank.score]], "labels"), el("p", { class: "passage", text: rank.text })));
+      }
+      const note = el("p", { class: "notice", text: `${ranks.length} passages, most relevant first (score: the model's sigmoid)` });
+      return [note, list];
+    },
+  };
+
+  const RENDERERS = { classify, qa, ner, embed, rerank, "fill-mask": fillMask };
+  const PATHS = { classify: "classify", qa: "qa", ner: "ner", embed: "embed", rerank: "rerank", "fill-mask": "fill-mask" };
 
   // ---- tabs and forms ------------------------------------------------------------------------------
   function select(task) {
