@@ -123,7 +123,7 @@ playground-screenshots: install browser-deps
 
 # ---- export -----------------------------------------------------------------------------------------------
 .PHONY: export bundles bench
-EXPORT_VARIANTS ?= cpu-fp32,cpu-int8,gpu-fp16,openvino-int8,openvino-bf16,openvino-int8-static
+EXPORT_VARIANTS ?= cpu-fp32,cpu-int8,cpu-int8-static,gpu-fp16,openvino-int8,openvino-bf16,openvino-int8-static
 # The built bundle when there is one (its variants as exported), else the model (a bundle of every variant is built).
 BENCH_MODEL ?= $(if $(wildcard $(BUNDLES_DIR)/minilm-sst2/manifest.json),$(BUNDLES_DIR)/minilm-sst2,minilm-sst2)
 # Exports hold both cores for a minute: take the shared CPU lock where flock exists.

@@ -394,6 +394,7 @@ BLOCKS: dict[str, Callable[[Path], str | None]] = {
     "bench-widths-sst2": _artifact_markdown(Path("artifacts/bench/widths-minilm-sst2.md")),
     "bench-widths-squad": _artifact_markdown(Path("artifacts/bench/widths-minilm-squad.md")),
     "bench-gpu": _artifact_markdown(Path("artifacts/bench/bench-gpu.md")),
+    "nsp-ablation": _artifact_markdown(Path("artifacts/bench/nsp-ablation.md")),
     "loadtest-acceptance": _loadtest_block,
     "loadtest-hostile": _hostile_block,
 }

@@ -48,8 +48,6 @@ from export.variants import RECIPES, CannotBuild, Sources, parse_variants
 from export.wrapper import ExportWrapper, GraphOptions, encoder_of, labels_of, load_task_model
 
 logger = logging.getLogger(__name__)
-MASK_TOKEN = "[MASK]"
-"""The mask token of every tokenizer this project builds (bert_model.tokenization's special tokens)."""
 Keep = Callable[[dict[str, np.ndarray], int], dict[str, np.ndarray]]
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -61,8 +59,8 @@ class ExportOptions:
     variants: list[str] = field(default_factory=lambda: list(DEFAULT_VARIANTS))
     """Variant names (see export.variants.RECIPES)."""
     max_seq_len: int | None = None
-    """Longest input the bundle serves; default: the model's max_position_embeddings (an embedding model's
-    sentence-transformers `max_seq_length`, when its folder gives one)."""
+    """Longest input the bundle serves; default: the most the model takes (`BertConfig.max_sequence_length`; an
+    embedding model's sentence-transformers `max_seq_length`, when its folder gives one)."""
     name: str | None = None
     """Model name in the manifest; default: the target folder's name."""
     eval_data: Path | None = None
@@ -192,7 +190,7 @@ def _build_into(
         labels=labels_of(model),
         lowercase=tokenizer.lowercase,
         source=_source_info(folder, opts, guard.describe(expected), rewrites, fused_counts, refused, started),
-        task_settings=_task_settings(task, layout, encoder_of(model).config, max_len),
+        task_settings=_task_settings(task, layout, encoder_of(model).config, max_len, tokenizer),
     )
     if layout is not None:
         manifest.source["task_settings_source"] = layout.source
@@ -219,21 +217,23 @@ def _guard(
     return build_guard(task, encoder_of(model).config, tokenizer, max_len, options)
 
 
-def _task_settings(task: str, layout: EmbeddingSettings | None, config: BertConfig, max_len: int) -> dict[str, Any]:
+def _task_settings(
+    task: str, layout: EmbeddingSettings | None, config: BertConfig, max_len: int, tokenizer: BertTokenizer
+) -> dict[str, Any]:
     if layout is not None:
         return layout.task_settings()
     if task == "fill-mask":
-        return {"mask_token": MASK_TOKEN}
-    return served_task_settings(task, config, max_len)
+        return {"mask_token": tokenizer.mask_token}
+    return served_task_settings(task, config, max_len, tokenizer)
 
 
 def graph_options(task: str, layout: EmbeddingSettings | None, tokenizer: BertTokenizer) -> GraphOptions:
     """What the graph computes after the encoder: an embed graph's pooling (its layout's), a fill-mask graph's mask
-    token id (the tokenizer's MASK_TOKEN, which the manifest names)."""
+    token id (the tokenizer's own mask token, which the manifest names)."""
     if task == "fill-mask":
-        mask_id = tokenizer.token_to_id(MASK_TOKEN)
+        mask_id = tokenizer.token_to_id(tokenizer.mask_token)
         if mask_id is None:
-            raise ValueError(f"a fill-mask model's tokenizer needs the mask token {MASK_TOKEN}")
+            raise ValueError(f"a fill-mask model's tokenizer needs its mask token {tokenizer.mask_token!r}")
         return GraphOptions(mask_token_id=mask_id)
     return GraphOptions(pooling=layout.pooling if layout is not None else "mean")
 

@@ -42,7 +42,7 @@ from bert_model.tasks.classification import build_classification_features
 from bert_model.tasks.features import Feature, collate
 from bert_model.tasks.ner import build_ner_features, ner_word_predictions
 from bert_model.tasks.qa import build_qa_features, qa_predictions
-from bert_model.tasks.windows import fit_ner_window, fit_qa_window
+from bert_model.tasks.windows import NER_SPECIAL_TOKENS, QA_SPECIAL_TOKENS, fit_ner_window, fit_qa_window
 from bert_model.tokenization import BertTokenizer
 from export.guard_data import default_eval_file, read_texts
 from export.parity import AGREEMENT, EVAL_SET, Outputs, ParityResult, Scored, judge_task
@@ -141,7 +141,7 @@ def build_guard(
     """The guard examples of a `task` model (its `config` carries labels and stored task settings)."""
     if task not in SCORED_TASKS:
         raise ValueError(f"the {task} guard is built by export.encoder_guards, not from task labels")
-    fitted = task_options(task, config, max_len)
+    fitted = task_options(task, config, max_len, tokenizer)
     if options.eval_data is not None:
         return eval_set_guard(task, config, tokenizer, fitted, Path(options.eval_data), options)
     note = ""
@@ -162,9 +162,10 @@ SCORED_TASKS = ("classify", "qa", "ner")
 """The tasks whose guard decodes with `bertserve evaluate`'s recipes (a fine-tuned head and its labels)."""
 
 
-def task_options(task: str, config: BertConfig, max_len: int) -> TaskOptions:
-    """The model's stored task settings (as `bertserve evaluate` reads them), shrunk to `max_len` tokens."""
-    return fit_options(default_options(task, stored_settings(config)), max_len)
+def task_options(task: str, config: BertConfig, max_len: int, tokenizer: BertTokenizer | None = None) -> TaskOptions:
+    """The model's stored task settings (as `bertserve evaluate` reads them), shrunk to `max_len` tokens around
+    the special tokens of `tokenizer`'s template (BERT's when None)."""
+    return fit_options(default_options(task, stored_settings(config)), max_len, tokenizer)
 
 
 SERVED_SETTINGS: dict[str, tuple[str, ...]] = {
@@ -175,7 +176,9 @@ SERVED_SETTINGS: dict[str, tuple[str, ...]] = {
 QA_NULL_SETTINGS = ("version_2", "null_threshold")
 
 
-def served_task_settings(task: str, config: BertConfig, max_len: int) -> dict[str, Any]:
+def served_task_settings(
+    task: str, config: BertConfig, max_len: int, tokenizer: BertTokenizer | None = None
+) -> dict[str, Any]:
     """The manifest's `task_settings`: the model's stored settings that the service uses, fitted to `max_len`
     exactly as the guard's (so export, evaluate and serving read the same windows); {} for a model without
     stored settings (a base model with a fresh head), which the service serves with its own defaults.
@@ -186,21 +189,24 @@ def served_task_settings(task: str, config: BertConfig, max_len: int) -> dict[st
     stored = stored_settings(config)
     if task not in SERVED_SETTINGS or not stored:
         return {}
-    fitted = asdict(task_options(task, config, max_len))
+    fitted = asdict(task_options(task, config, max_len, tokenizer))
     settings = {name: fitted[name] for name in SERVED_SETTINGS[task]}
     if task == "qa":
         settings.update({name: stored[name] for name in QA_NULL_SETTINGS if name in stored})
     return settings
 
 
-def fit_options(options: TaskOptions, max_len: int) -> TaskOptions:
+def fit_options(options: TaskOptions, max_len: int, tokenizer: BertTokenizer | None = None) -> TaskOptions:
     """`options` with windows of at most `max_len` tokens, fitted by `bert_model.tasks.windows` as the service
-    fits the manifest's settings."""
+    fits the manifest's settings (around `tokenizer`'s special tokens; BERT's when None)."""
+    pair = tokenizer.template.pair_specials if tokenizer is not None else QA_SPECIAL_TOKENS
+    single = tokenizer.template.single_specials if tokenizer is not None else NER_SPECIAL_TOKENS
     if isinstance(options, QAOptions):
-        window = fit_qa_window(max_len, options.max_query_length, options.doc_stride, options.max_seq_length)
+        window = fit_qa_window(max_len, options.max_query_length, options.doc_stride, options.max_seq_length, pair)
         return replace(options, **window._asdict())
     if isinstance(options, NEROptions):
-        return replace(options, **fit_ner_window(max_len, options.stride, options.max_seq_length)._asdict())
+        ner_window = fit_ner_window(max_len, options.stride, options.max_seq_length, single)
+        return replace(options, **ner_window._asdict())
     return replace(options, max_seq_length=min(options.max_seq_length, max_len))
 
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as pb
 
@@ -70,13 +72,16 @@ def _output_dims(manifest: BundleManifest) -> dict[str, list[int]]:
     }[manifest.task]
 
 
-def model_config(manifest: BundleManifest, options: TritonOptions) -> pb.ModelConfig:
-    """The Triton ModelConfig message for a bundle."""
+def model_config(
+    manifest: BundleManifest, options: TritonOptions, inputs: Sequence[str] = INPUT_NAMES
+) -> pb.ModelConfig:
+    """The Triton ModelConfig message for a bundle whose graph takes `inputs` (a DistilBERT or RoBERTa-style graph
+    has no token_type_ids)."""
     options.validate()
     config = pb.ModelConfig(
         name=options.model_name or manifest.name, backend="onnxruntime", max_batch_size=options.max_batch_size
     )
-    for name in INPUT_NAMES:
+    for name in inputs:
         config.input.add(name=name, data_type=pb.TYPE_INT64, dims=[-1])
     for name, dims in _output_dims(manifest).items():
         config.output.add(name=name, data_type=pb.TYPE_FP32, dims=dims)
@@ -123,14 +128,15 @@ def write_triton_repository(bundle_dir: str | Path, repo_dir: str | Path, option
     options.validate()
     manifest = BundleManifest.read(bundle_dir)
     variant = triton_variant(manifest, options)
-    config = model_config(manifest, options)
+    graph = Path(bundle_dir) / manifest.variants[variant].file
+    config = model_config(manifest, options, graph_inputs(graph))
     repo = Path(repo_dir)
     repo.mkdir(parents=True, exist_ok=True)
     target = repo / config.name
     scratch = Path(tempfile.mkdtemp(prefix=f".{config.name}.", dir=repo))
     try:
         (scratch / "1").mkdir()
-        shutil.copyfile(Path(bundle_dir) / manifest.variants[variant].file, scratch / "1" / "model.onnx")
+        shutil.copyfile(graph, scratch / "1" / "model.onnx")
         (scratch / "config.pbtxt").write_text(text_format.MessageToString(config))
         if target.exists():
             shutil.rmtree(target)
@@ -139,6 +145,12 @@ def write_triton_repository(bundle_dir: str | Path, repo_dir: str | Path, option
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return target
+
+
+def graph_inputs(path: Path) -> list[str]:
+    """The bundle inputs a graph takes, in INPUT_NAMES order (read without its weights)."""
+    declared = {node.name for node in onnx.load(str(path), load_external_data=False).graph.input}
+    return [name for name in INPUT_NAMES if name in declared]
 
 
 def read_model_config(path: str | Path) -> pb.ModelConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 DEFAULT_VARIANTS: tuple[str, ...] = (
     "cpu-fp32",
     "cpu-int8",
+    "cpu-int8-static",
     "gpu-fp16",
     "openvino-int8",
     "openvino-bf16",

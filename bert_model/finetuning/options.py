@@ -56,9 +56,14 @@ class TrainingOptions:
     seed: int = field(default=42, metadata=cli("Seed of head/adapter init, dropout and batch order."))
     """Seeds head initialisation, LoRA initialisation, dropout and batch order."""
     bf16: bool = field(
-        default=False, metadata=cli("bf16 autocast (faster on CPUs with AMX/AVX512-BF16).", "--bf16/--no-bf16")
+        default=False,
+        metadata=cli(
+            "bf16 autocast where the CPU computes it natively (AMX/AVX512-BF16) or on CUDA; fp32 elsewhere.",
+            "--bf16/--no-bf16",
+        ),
     )
-    """bf16 autocast for training and evaluation forwards (1.3-1.7x faster on CPUs with AMX/AVX512-BF16)."""
+    """bf16 autocast for training and evaluation forwards, where the CPU computes bf16 natively (AMX/AVX512-BF16)
+    or on CUDA; elsewhere fp32, with one warning (`bert_model.training.resolve_bf16`)."""
     eval_every: int | None = field(default=None, metadata=cli("Evaluate every N steps [default: each epoch]."))
     """Evaluate every N steps; None evaluates at the end of each epoch."""
     eval_limit: int | None = field(default=None, metadata=cli("Evaluate on N evenly spaced examples during training."))

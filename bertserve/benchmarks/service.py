@@ -178,8 +178,8 @@ async def _sequential(url: str, texts: list[str], requests: int) -> tuple[list[f
 
 
 async def _closed_loop(url: str, texts: list[str], concurrency: int, duration: float) -> dict[str, Any]:
-    # aiohttp, not httpx's AsyncClient: on this repo's 2-core machine httpx spent 5.2 ms of client CPU a request
-    # (72% of a core at 138 req/s) and the client, not the server, set the throughput; aiohttp spends 0.4 ms.
+    # aiohttp, not httpx's AsyncClient: httpx spends an order of magnitude more client CPU a request, so on a small
+    # machine the client, not the server, would set the throughput.
     import aiohttp
 
     latencies: list[float] = []

@@ -72,6 +72,8 @@ def export_command(
             typer.echo(f"{variant}: {spec.file} {spec.precision} {spec.provider} parity {figures}")
         for variant, why in result.refused.items():
             typer.echo(f"{variant}: refused, not written ({why})", err=True)
+        for variant, why in result.batch_dependent.items():
+            typer.echo(f"{variant}: written, not served batched ({why})", err=True)
         typer.echo(f"wrote {result.path}")
         if triton_repo is not None:
             from export.triton import TritonOptions, write_triton_repository

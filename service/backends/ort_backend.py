@@ -44,7 +44,8 @@ async def start_fastest_cpu_variant(
 ) -> tuple[OrtBackend, VariantChoice]:
     """Time the guarded CPU variants this process can run and return the fastest, started (`options`: the
     OrtBackend thread settings); logs the table as one line. Raises ValueError when none can be served."""
-    names, skipped = timing_candidates(manifest)
+    # a server that never batches may time variants whose answers depend on their batchmates
+    names, skipped = timing_candidates(manifest, batched=max_batch_size > 1)
     shapes = timing_shapes(manifest.task, serving_length, max_batch_size, max_batch_tokens)
     filler = tokenizer.backend.encode(FILLER_TEXT, add_special_tokens=False).ids
     feeds = {shape.label: timing_feed(shape, tokenizer.cls_id, tokenizer.sep_id, filler) for shape in shapes}
@@ -78,13 +79,15 @@ class OrtBackend:
         device: str = "auto",
         variant: str | None = None,
         workers: int | None = None,
+        batched: bool = True,
         **runtime: Any,
     ) -> None:
         """`runtime`: the `RuntimeSettings` fields (threads, spinning, OpenVINO streams), default the service's;
-        `workers`: threads running calls (default: the batches the variant computes at once)."""
+        `workers`: threads running calls (default: the batches the variant computes at once); `batched`: whether
+        calls carry several requests' rows (when not, a batch-dependent variant may be chosen)."""
         self.bundle_dir = Path(bundle_dir)
         self.manifest = manifest
-        self.variant = choose_variant(manifest, device, variant)
+        self.variant = choose_variant(manifest, device, variant, batched=batched)
         self.provider = manifest.variants[self.variant].provider
         self.output_names = list(manifest.output_names)
         self.settings = RuntimeSettings(**runtime)

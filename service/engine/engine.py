@@ -100,6 +100,8 @@ class LoadedModel:
         return {
             "name": manifest.name,
             "task": manifest.task,
+            # bundles exported before the family was recorded are all BERT-architecture (MiniLM included)
+            "family": str(manifest.source.get("model_type", "bert")),
             "labels": list(manifest.labels),
             "variant": self.backend.variant,
             "variant_choice": self.variant_choice,
@@ -313,6 +315,7 @@ class Engine:
             bundle.manifest,
             device=settings.device,
             variant=None if settings.variant == "auto" else settings.variant,  # checked by `_check_variant`
+            batched=settings.effective_max_batch_size > 1,
             **self._ort_options(),
         )
 

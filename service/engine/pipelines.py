@@ -241,13 +241,13 @@ class QAPipeline(Pipeline):
     sequence_outputs = ("start_logits", "end_logits")
     # A question over a passage is bulk work, however short the passage: the priority of short requests is for
     # sentences. Were QA requests with short passages short, a QA load would hold back its own longer requests'
-    # batches behind them (one at a time, not on all cores, of at most priority_batch_tokens): half the throughput
-    # of a SQuAD load on 2 cores (24 vs 42 answers/s).
+    # batches behind them (one at a time, not on all cores, of at most priority_batch_tokens).
     short_requests = False
 
     def __init__(self, bundle: ServingBundle) -> None:
         super().__init__(bundle)
-        self.windows = qa_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length)
+        specials = self.tokenizer.template.pair_specials
+        self.windows = qa_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length, specials)
         self.max_seq_length = self.windows.max_seq_length
 
     def _plan(self, request: QAInput) -> Plan:
@@ -306,7 +306,9 @@ class NERPipeline(Pipeline):
 
     def __init__(self, bundle: ServingBundle) -> None:
         super().__init__(bundle)
-        self.max_seq_length, self.stride = ner_windows(bundle.manifest.task_settings, bundle.manifest.max_seq_length)
+        self.max_seq_length, self.stride = ner_windows(
+            bundle.manifest.task_settings, bundle.manifest.max_seq_length, self.tokenizer.template.single_specials
+        )
         """Window length, and tokens shared by consecutive windows of a long text."""
 
     def _plan(self, request: NERInput) -> Plan:

@@ -259,6 +259,11 @@ class VariantChoiceInfo(BaseModel):
 class ModelInfo(BaseModel):
     name: str = Field(..., examples=["minilm-sst2"])
     task: str = Field(..., examples=["classify"])
+    family: str = Field(
+        ...,
+        description="The encoder's family: bert, roberta, xlm-roberta, distilbert, electra or albert.",
+        examples=["bert"],
+    )
     labels: list[str] = Field(default_factory=list, examples=[["negative", "positive"]])
     variant: str = Field(..., examples=["cpu-int8"])
     max_seq_length: int = Field(

@@ -49,24 +49,8 @@ GUARD_TEXTS = [
     "Paris is the capital of France.",
 ]
 GUARD_QUESTIONS = ["Who worked with Babbage?", "Where is the capital?"]
-MASK_TOKEN_IN_BUNDLE = {"roberta", "xlm-roberta"}
-"""Families whose mask token is not [MASK]: export/bundle.py's `graph_options` and `_task_settings` still name
-BERT's MASK_TOKEN instead of the tokenizer's `mask_token`, so their fill-mask export stops with a user error."""
 FUSED: dict[tuple[str, str], dict[str, float]] = {}
-CASES = [
-    pytest.param(
-        family,
-        task,
-        marks=pytest.mark.xfail(
-            task == "fill-mask" and family in MASK_TOKEN_IN_BUNDLE,
-            reason="export/bundle.py names BERT's [MASK] as every fill-mask model's mask token",
-            strict=True,
-        ),
-        id=f"{family}-{task}",
-    )
-    for family in FAMILIES
-    for task in TASK_HEADS
-]
+CASES = [pytest.param(family, task, id=f"{family}-{task}") for family in FAMILIES for task in TASK_HEADS]
 
 
 def save_family_model(family: str, task: str, folder: Path, tokenizer_folder: Path, seed: int = 0) -> Path:

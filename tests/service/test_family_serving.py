@@ -10,7 +10,7 @@ unimportable). Then, over texts with emoji, CJK, a combining mark and CRLF:
   bundle tokenizer's windows (several per context), scores within 1e-4 relatively, and `context[start:end] == answer`;
 - /ner: the entities equal `bert_model.tasks.ner`'s grouping of transformers' token logits on the same windows,
   and `text[start:end] == word` without surrounding whitespace;
-- GET /models lists every bundle, whose manifest names its family (`source.model_type`).
+- GET /models lists every bundle with its family (the manifest's `source.model_type`).
 """
 
 from __future__ import annotations
@@ -224,4 +224,4 @@ def test_models_lists_every_family(exported: dict, client: httpx.Client) -> None
         for task in TASKS:
             name = _name(family, task)
             assert models[name]["task"] == task and models[name]["variant"] == "cpu-fp32"
-            assert _manifest(exported[name][1])["source"]["model_type"] == family
+            assert models[name]["family"] == family == _manifest(exported[name][1])["source"]["model_type"]
