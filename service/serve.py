@@ -248,8 +248,10 @@ async def _stop(
     if grpc_door is not None:
         doors.append(asyncio.create_task(_stop_grpc(grpc_door, quiet, settings.shutdown_grace_s)))
     if doors:
+        # until both doors have stopped, a third signal, or the grace period ends, whichever comes first
+        stopped = asyncio.gather(*doors, return_exceptions=True)
         forced = asyncio.create_task(stop.force.wait())
-        await asyncio.wait([*doors, forced], timeout=settings.shutdown_grace_s, return_when=asyncio.FIRST_EXCEPTION)
+        await asyncio.wait([stopped, forced], timeout=settings.shutdown_grace_s, return_when=asyncio.FIRST_COMPLETED)
         forced.cancel()
     await engine.close()  # what still waits is answered 503 / UNAVAILABLE now
     if stop.force.is_set() and rest is not None:

@@ -1,7 +1,7 @@
 """The server at its edges, against real servers (subprocess, free ports, real HTTP and gRPC clients): work nobody
 waits for is dropped, a stop never answers 500, SIGHUP drains like SIGTERM, the API key guards every route but the
-probes and is decided before the body is read, a finished request frees its place before its answer, and the same
-bad input is refused alike over REST and gRPC."""
+probes and is decided before the body is read, a finished request frees its place before its answer, the same
+bad input is refused alike over REST and gRPC, and either front door serves without the other."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
@@ -206,3 +207,44 @@ def test_the_same_bad_input_is_refused_alike_over_both_front_doors(
         pb_grpc.ClassifierStub(channel).Classify(grpc_request, timeout=10)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details() == answer.json()["error"]["message"]
+
+
+def test_each_front_door_serves_alone(tiny_bundles: dict[str, Path], tmp_path: Path) -> None:
+    """gRPC with the REST server off (`--http-port -1`) and REST with gRPC off (`--grpc-port -1`): the two front
+    doors are siblings over one engine, and either runs without the other."""
+    request = pb.ClassifyRequest(inputs=[pb.TextInput(text="a fine film")])
+    grpc_only = ServerProcess([tiny_bundles["classify"]], tmp_path / "grpc-only.log", None, "--http-port", "-1")
+    try:
+        with grpc.insecure_channel(grpc_only.grpc_target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                assert grpc_only.process.poll() is None, grpc_only.logs()
+                try:
+                    status = health.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                    if status == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.1)
+            assert len(pb_grpc.ClassifierStub(channel).Classify(request, timeout=30).results) == 1
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(grpc_only.url + "/health/live", timeout=2)
+    finally:
+        assert grpc_only.terminate() == 0, grpc_only.logs()
+    with serving([tiny_bundles["classify"]], tmp_path / "rest-only.log", None, "--grpc-port", "-1") as rest_only:
+        assert httpx.post(rest_only.url + "/classify", json={"inputs": "a fine film"}, timeout=30).status_code == 200
+        with grpc.insecure_channel(rest_only.grpc_target) as channel, pytest.raises(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(channel).result(timeout=2)
+
+
+def test_an_idle_server_stops_without_waiting_out_its_grace_period(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """The grace period bounds the wait for in-flight work; with none, a stop ends as soon as both doors close."""
+    env = {"BERTSERVE_SHUTDOWN_GRACE_S": "60"}
+    with serving([tiny_bundles["classify"]], tmp_path / "idle.log", env) as server:
+        assert httpx.post(server.url + "/classify", json={"inputs": "a fine film"}, timeout=30).status_code == 200
+        started = time.monotonic()
+        assert server.terminate(timeout=90) == 0
+        assert time.monotonic() - started < 30, "the stop waited out the grace period with nothing in flight"

@@ -97,6 +97,7 @@ def test_models_list(channel: grpc.Channel, http: httpx.Client) -> None:
         {
             "name": m.name,
             "task": m.task,
+            "family": m.family,
             "labels": list(m.labels),
             "variant": m.variant,
             "max_seq_length": m.max_seq_length,

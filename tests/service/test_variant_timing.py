@@ -156,9 +156,14 @@ def test_timing_shapes_follow_the_models_serving_length_and_the_batcher() -> Non
 
 
 # ---- the service choosing on a tiny bundle (real ONNX Runtime sessions; only the choice's shape is checked) ----
+INVARIANT = {"batch_invariant": True}
+"""Judged batch invariant at export."""
+
+
 @pytest.fixture()
 def multi_variant_bundle(tiny_bundles: dict[str, Path], tmp_path: Path) -> Path:
-    """The tiny classify bundle with two guarded copies of its graph, an unguarded one and a broken guarded one."""
+    """The tiny classify bundle with two guarded copies of its graph, an unguarded one, a broken guarded one and a
+    guarded one judged batch dependent at export."""
     bundle = shutil.copytree(tiny_bundles["classify"], tmp_path / "tiny-auto")
     manifest = json.loads((bundle / MANIFEST_FILE).read_text())
     (graph,) = [spec["file"] for spec in manifest["variants"].values()]
@@ -167,9 +172,17 @@ def multi_variant_bundle(tiny_bundles: dict[str, Path], tmp_path: Path) -> Path:
     (bundle / "broken.onnx").write_bytes(b"not an onnx graph")
     manifest["variants"] = {
         "cpu-fp32": {"file": graph, "provider": CPU, "precision": "fp32", "parity": {"judgment": "max-abs-diff"}},
-        "cpu-int8": {"file": "copy.onnx", "provider": CPU, "precision": "int8", "parity": GUARDED},
-        "cpu-raw": {"file": "raw.onnx", "provider": CPU, "precision": "int8", "parity": {}},
-        "cpu-broken": {"file": "broken.onnx", "provider": CPU, "precision": "int8", "parity": GUARDED},
+        "cpu-int8": {"file": "copy.onnx", "provider": CPU, "precision": "int8", "parity": GUARDED, **INVARIANT},
+        "cpu-raw": {"file": "raw.onnx", "provider": CPU, "precision": "int8", "parity": {}, **INVARIANT},
+        "cpu-broken": {"file": "broken.onnx", "provider": CPU, "precision": "int8", "parity": GUARDED, **INVARIANT},
+        "cpu-dependent": {
+            "file": "copy.onnx",
+            "provider": CPU,
+            "precision": "int8",
+            "parity": GUARDED,
+            "batch_invariant": False,
+            "batch_invariance": {"max_abs_diff": 0.61, "tolerance": 0.01, "worst_shape": "8 x 64"},
+        },
     }
     (bundle / MANIFEST_FILE).write_text(json.dumps(manifest))
     return bundle
@@ -201,6 +214,7 @@ def test_the_service_times_the_guarded_variants_and_reports_the_choice(multi_var
     assert set(choice["timings_ms"]["cpu-int8"]) == {"b1x64", "b8x64"}  # the graph's 64 tokens, batch 8
     assert choice["skipped"]["cpu-raw"].startswith("no accuracy-guard judgment")
     assert choice["skipped"]["cpu-broken"].startswith("failed to load")
+    assert choice["skipped"]["cpu-dependent"].startswith("not batch invariant at export: max |diff| 0.61")
     assert choice["rounds"] >= MIN_ROUNDS
 
 
