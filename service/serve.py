@@ -34,6 +34,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 from uvicorn.loops.auto import auto_loop_factory
@@ -249,9 +250,10 @@ async def _stop(
         doors.append(asyncio.create_task(_stop_grpc(grpc_door, quiet, settings.shutdown_grace_s)))
     if doors:
         # until both doors have stopped, a third signal, or the grace period ends, whichever comes first
-        stopped = asyncio.gather(*doors, return_exceptions=True)
-        forced = asyncio.create_task(stop.force.wait())
-        await asyncio.wait([stopped, forced], timeout=settings.shutdown_grace_s, return_when=asyncio.FIRST_COMPLETED)
+        stopped: asyncio.Future[list[object]] = asyncio.gather(*doors, return_exceptions=True)
+        forced: asyncio.Future[bool] = asyncio.ensure_future(stop.force.wait())
+        waited: list[asyncio.Future[Any]] = [stopped, forced]
+        await asyncio.wait(waited, timeout=settings.shutdown_grace_s, return_when=asyncio.FIRST_COMPLETED)
         forced.cancel()
     await engine.close()  # what still waits is answered 503 / UNAVAILABLE now
     if stop.force.is_set() and rest is not None:
