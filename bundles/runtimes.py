@@ -11,6 +11,9 @@ so it judges a graph compiled exactly as the service serves it.
   the CUDA provider where this ONNX Runtime has it (else on the CPU, as the export's guard runs gpu-fp16), through
   IO binding: outputs allocated on the device and copied back once, so fp16 graphs with fp32 inputs and outputs
   make no extra host copies.
+- Outputs: a variant is opened with the outputs every call returns (`output_names`); a call may ask for others of the
+  graph beside them (`run(feed, extra=...)`: the on-request outputs of `bundles.spec.ON_REQUEST_OUTPUTS`), which
+  are copied out of the runtime only for that call.
 - OpenVINO (the optional `openvino` extra; a variant's `runtime_options` are `compile_model` properties such as
   INFERENCE_PRECISION_HINT): one stream compiles for latency (all cores on one batch); N streams compile for
   throughput (N batches at once, each on its share of the cores), plus, with `openvino_lone_latency`, a second copy
@@ -166,7 +169,8 @@ def openvino_configs(
 
 
 class OpenedVariant:
-    """A variant's graph, opened: `run(feed)` -> the contract outputs as numpy arrays."""
+    """A variant's graph, opened: `run(feed)` -> the contract outputs as numpy arrays (and the `extra` ones asked
+    for)."""
 
     provider: str
     input_names: list[str]
@@ -177,11 +181,15 @@ class OpenedVariant:
     lone_copy: bool = False
     """Whether `run(feed, alone=True)` runs on a copy compiled for latency."""
 
-    def run(self, feed: Feed, alone: bool = False) -> Outputs:
+    def run(self, feed: Feed, alone: bool = False, extra: Sequence[str] = ()) -> Outputs:
         raise NotImplementedError
 
     def close(self) -> None:
         """Drop the runtime's objects (the memory goes when the calls still running end)."""
+
+    def _names(self, extra: Sequence[str]) -> list[str]:
+        """The outputs of one call: the variant's own, then the `extra` ones it asks for."""
+        return self.output_names + [name for name in extra if name not in self.output_names]
 
     def _inputs(self, feed: Feed) -> dict[str, np.ndarray]:
         return {name: np.ascontiguousarray(feed[name], dtype=np.int64) for name in self.input_names}
@@ -213,21 +221,22 @@ class OrtVariant(OpenedVariant):
         self.input_names = _graph_inputs(path, {node.name for node in self.session.get_inputs()})
         self.output_names = list(output_names)
 
-    def run(self, feed: Feed, alone: bool = False) -> Outputs:
+    def run(self, feed: Feed, alone: bool = False, extra: Sequence[str] = ()) -> Outputs:
         inputs = self._inputs(feed)
+        names = self._names(extra)
         if self.on_cuda:
-            return self._run_io_binding(inputs)
-        return dict(zip(self.output_names, self.session.run(self.output_names, inputs), strict=True))
+            return self._run_io_binding(inputs, names)
+        return dict(zip(names, self.session.run(names, inputs), strict=True))
 
-    def _run_io_binding(self, inputs: dict[str, np.ndarray]) -> Outputs:
+    def _run_io_binding(self, inputs: dict[str, np.ndarray], names: list[str]) -> Outputs:
         binding = self.session.io_binding()
         for name, array in inputs.items():
             binding.bind_cpu_input(name, array)
-        for name in self.output_names:
+        for name in names:
             binding.bind_output(name, "cuda")
         self.session.run_with_iobinding(binding)
         values = binding.copy_outputs_to_cpu()
-        return {name: np.asarray(v, dtype=np.float32) for name, v in zip(self.output_names, values, strict=True)}
+        return {name: np.asarray(v, dtype=np.float32) for name, v in zip(names, values, strict=True)}
 
     def close(self) -> None:
         self.session = None
@@ -275,12 +284,13 @@ class OpenVinoVariant(OpenedVariant):
                 self.run(feed, alone=True)
 
     def _contract_ports(self, path: Path, compiled: Any) -> dict[str, Any]:
-        """Each contract output's port: a compiled output may carry several names (a fused node's among them)."""
+        """Each output's port by each of its names (a compiled output may carry several, a fused node's among them);
+        the contract outputs must be there."""
         ports = {name: port for port in compiled.outputs for name in port.get_names()}
         _check_outputs(path, set(ports), self.output_names)
-        return {name: ports[name] for name in self.output_names}
+        return ports
 
-    def run(self, feed: Feed, alone: bool = False) -> Outputs:
+    def run(self, feed: Feed, alone: bool = False, extra: Sequence[str] = ()) -> Outputs:
         lone = alone and self.lone_copy
         key = "lone_request" if lone else "request"
         request = getattr(self._local, key, None)
@@ -289,7 +299,8 @@ class OpenVinoVariant(OpenedVariant):
             setattr(self._local, key, request)
         result = request.infer(self._inputs(feed))
         ports = self._lone_ports if lone else self._ports
-        return {name: np.array(result[port]) for name, port in ports.items()}  # a copy: the request reuses its buffers
+        # a copy: the request reuses its buffers
+        return {name: np.array(result[ports[name]]) for name in self._names(extra)}
 
     def close(self) -> None:
         self.compiled = self.compiled_lone = None

@@ -33,7 +33,8 @@ OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "classify": ("logits",),  # (batch_size, num_labels)
     "qa": ("start_logits", "end_logits"),  # (batch_size, sequence_length) each
     "ner": ("logits",),  # (batch_size, sequence_length, num_labels)
-    "embed": ("pooled_embedding", "normalized_embedding"),  # (batch_size, hidden) each
+    # (batch_size, hidden) each, then (batch_size, sequence_length, hidden): the encoder's last hidden state
+    "embed": ("pooled_embedding", "normalized_embedding", "token_embeddings"),
     "fill-mask": ("mask_logits",),  # (batch_size, masked_positions, vocab_size): the masked-LM head's scores
     "rerank": ("logits",),  # (batch_size, 1): a cross-encoder's relevance score of each (query, passage) pair
 }
@@ -42,7 +43,14 @@ under the attention mask) and L2-normalizes the pooled vector: the normalized on
 vectors, the pooled one those that ask for the raw vector (normalize=false) or a prefix of it (`dimensions`,
 renormalized by the caller). A fill-mask graph runs the masked-LM head at the mask tokens only (input_ids == the
 tokenizer's mask id): row b holds the logits of its mask tokens in position order, then filler rows up to the
-batch's most masks (at least one), which carry no answer."""
+batch's most masks (at least one), which carry no answer. An embed graph also puts out the token states it pooled
+(`token_embeddings`), which answer the requests for every token's vector (TEI's `/embed_all`)."""
+
+ON_REQUEST_OUTPUTS: dict[str, tuple[str, ...]] = {"embed": ("token_embeddings",)}
+"""Outputs a runtime fetches only for the batches whose requests ask for them: a (B, S, H) copy per call would cost
+every sentence-vector request. They came into the contract after bundles without them were exported: a manifest
+may leave them out, and such a bundle serves everything else (a request that needs one is refused, saying to
+re-export the bundle)."""
 
 DYNAMIC_AXES: dict[str, dict[int, str]] = {
     "input_ids": {0: "batch_size", 1: "sequence_length"},
@@ -55,6 +63,7 @@ DYNAMIC_AXES: dict[str, dict[int, str]] = {
     "end_logits": {0: "batch_size", 1: "sequence_length"},
     "pooled_embedding": {0: "batch_size"},
     "normalized_embedding": {0: "batch_size"},
+    "token_embeddings": {0: "batch_size", 1: "sequence_length"},
     "mask_logits": {0: "batch_size", 1: "masked_positions"},
 }
 SEQUENCE_AXIS = "sequence_length"
@@ -129,7 +138,8 @@ class BundleManifest:
     max_seq_length, stride; for embed pooling ("mean" | "cls" | "max") and normalize (bool); for fill-mask
     mask_token. The service's defaults for the model; a setting not given takes the service's own."""
     outputs: list[str] = field(default_factory=list)
-    """The graphs' outputs, in order: the task's OUTPUT_NAMES (empty = those, when built in code). A bundle whose
+    """The graphs' outputs, in order: the task's OUTPUT_NAMES (empty = those, when built in code), of which a bundle
+    exported before an on-request output (ON_REQUEST_OUTPUTS) joined the contract lacks that one. A bundle whose
     graphs output anything else was exported by another build of the contract and is refused: re-export it."""
     format_version: int = FORMAT_VERSION
 
@@ -144,7 +154,7 @@ class BundleManifest:
         if self.max_seq_length < 8:
             raise ValueError(f"max_seq_length {self.max_seq_length} is too small")
         self.outputs = list(self.outputs) or list(OUTPUT_NAMES[self.task])
-        if self.outputs != list(OUTPUT_NAMES[self.task]):
+        if not outputs_fit(self.task, self.outputs):
             raise ValueError(f"{self.task} graphs output {list(OUTPUT_NAMES[self.task])}, not {self.outputs}")
         if not isinstance(self.task_settings, dict):
             raise ValueError(f"manifest task_settings must be an object, got {self.task_settings!r}")
@@ -153,7 +163,15 @@ class BundleManifest:
 
     @property
     def output_names(self) -> tuple[str, ...]:
-        return OUTPUT_NAMES[self.task]
+        """The outputs every call fetches: the graphs' outputs but the on-request ones."""
+        on_request = ON_REQUEST_OUTPUTS.get(self.task, ())
+        return tuple(name for name in self.outputs if name not in on_request)
+
+    @property
+    def on_request_outputs(self) -> tuple[str, ...]:
+        """The on-request outputs (ON_REQUEST_OUTPUTS) these graphs have: fetched for the calls that ask for them."""
+        on_request = ON_REQUEST_OUTPUTS.get(self.task, ())
+        return tuple(name for name in self.outputs if name in on_request)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -195,12 +213,21 @@ def _check_outputs(data: dict[str, Any], path: Path) -> None:
     """Refuse a manifest whose graphs' outputs are not the task's OUTPUT_NAMES, saying how to get a bundle that is."""
     task = data["task"]
     outputs = list(data.get("outputs") or OUTPUT_NAMES[task])
-    if outputs != list(OUTPUT_NAMES[task]):
+    if not outputs_fit(task, outputs):
         raise ValueError(
             f"{path}: the graphs of this {task} bundle output {outputs}, and this build serves {task} graphs that "
             f"output {list(OUTPUT_NAMES[task])} (only what the answer needs leaves the graph); re-export the bundle: "
             f"{reexport_command(data, path)}"
         )
+
+
+def outputs_fit(task: str, outputs: list[str]) -> bool:
+    """Whether graphs that output `outputs` serve `task`: its OUTPUT_NAMES in order, of which only on-request ones
+    (ON_REQUEST_OUTPUTS, the outputs a bundle of an earlier build lacks) may be missing."""
+    on_request = ON_REQUEST_OUTPUTS.get(task, ())
+    required = [name for name in OUTPUT_NAMES[task] if name not in on_request]
+    in_order = [name for name in OUTPUT_NAMES[task] if name in outputs]
+    return in_order == outputs and [name for name in outputs if name not in on_request] == required
 
 
 def reexport_command(data: dict[str, Any], path: Path) -> str:

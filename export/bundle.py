@@ -41,11 +41,21 @@ from export.encoder_guards import embedding_guard, fill_mask_guard
 from export.graph import export_onnx, fuse_bert, fused_op_counts
 from export.invariance import InvarianceResult, check_batch_invariance
 from export.parity import AccuracyGuardError, Outputs, ParityResult, Scored, judge_fp32, max_abs_diff
+from export.rerank_layout import default_rerank_settings
+from export.score_guards import rerank_guard, score_guard
 from export.sentence_layout import EmbeddingSettings, embedding_settings
 from export.task_guard import DEFAULT_GUARD_LIMIT, GuardOptions, TaskGuard, build_guard, served_task_settings
 from export.variant_names import DEFAULT_VARIANTS
 from export.variants import RECIPES, CannotBuild, Sources, parse_variants
-from export.wrapper import ExportWrapper, GraphOptions, encoder_of, labels_of, load_task_model
+from export.wrapper import (
+    TASK_CLASSES,
+    ExportWrapper,
+    GraphOptions,
+    encoder_of,
+    labels_of,
+    load_task_model,
+    task_of_folder,
+)
 
 logger = logging.getLogger(__name__)
 Keep = Callable[[dict[str, np.ndarray], int], dict[str, np.ndarray]]
@@ -75,6 +85,10 @@ class ExportOptions:
     """How many examples (questions, sentences, texts) the accuracy guards judge, evenly spaced over the file."""
     strict: bool = False
     """Fail the whole export when a variant is refused (default: drop that variant, keep the others)."""
+    task: str | None = None
+    """Serve the model as this task instead of the one its folder names (export/wrapper.py `task_of_folder`): `rerank`
+    for a one-output sequence classifier saved without a reranker's marker, `classify` to serve a reranker's
+    scores as a classifier's. Only tasks of the same head class are accepted."""
 
     def guard_options(self) -> GuardOptions:
         """The accuracy guard's inputs (raises ValueError / FileNotFoundError on bad paths or limits)."""
@@ -107,11 +121,13 @@ def build_bundle(
     opts.guard_options()  # validated before any work
     target = Path(out_dir).expanduser().resolve()
     _check_target(target)
-    model, task, folder = load_task_model(model_name_or_path)
+    model, task, folder = load_task_model(model_name_or_path, check_task(model_name_or_path, opts.task))
     config: BertConfig = encoder_of(model).config
     layout = embedding_settings(folder) if task == "embed" else None
     if opts.max_seq_len is None and layout is not None and layout.max_seq_length is not None:
         opts.max_seq_len = min(layout.max_seq_length, config.max_sequence_length)
+    if opts.max_seq_len is None and task == "rerank":
+        opts.max_seq_len = trained_length(config)
     max_len = _check_max_len(opts.max_seq_len, config)
     tokenizer = _tokenizer_of(folder, config)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
@@ -123,6 +139,27 @@ def build_bundle(
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return BundleResult(target, manifest, refused)
+
+
+def check_task(model_name_or_path: str | Path, task: str | None) -> str | None:
+    """`task` when the model may be served as it (a task whose head class is the folder's own; a reranker has one
+    output); None when not given."""
+    if task is None:
+        return None
+    folder = resolve_model_path(model_name_or_path)
+    own = task_of_folder(folder)
+    if task not in TASK_CLASSES or TASK_CLASSES[task] is not TASK_CLASSES[own]:
+        raise ValueError(f"{folder} is a {own} model and cannot be served as {task!r}")
+    if task == "rerank" and BertConfig.load(folder).num_labels != 1:
+        raise ValueError(f"a reranker has one output; {folder} has {BertConfig.load(folder).num_labels}")
+    return task
+
+
+def trained_length(config: BertConfig) -> int | None:
+    """The pair length a fine-tuned reranker was trained with (its stored `max_seq_length`), within its positions."""
+    settings = config.extra.get(META_KEY, {}).get("task", {})
+    length = settings.get("max_seq_length") if isinstance(settings, dict) else None
+    return min(length, config.max_sequence_length) if isinstance(length, int) else None
 
 
 def _check_target(target: Path) -> None:
@@ -187,10 +224,10 @@ def _build_into(
         task=task,
         max_seq_length=max_len,
         variants=variants,
-        labels=labels_of(model),
+        labels=labels_of(model) if task != "rerank" else [],
         lowercase=tokenizer.lowercase,
         source=_source_info(folder, opts, guard.describe(expected), rewrites, fused_counts, refused, started),
-        task_settings=_task_settings(task, layout, encoder_of(model).config, max_len, tokenizer),
+        task_settings=_task_settings(task, layout, (folder, encoder_of(model).config), max_len, tokenizer),
     )
     if layout is not None:
         manifest.source["task_settings_source"] = layout.source
@@ -214,16 +251,30 @@ def _guard(
         return embedding_guard(tokenizer, max_len, layout.pooling if layout else "mean", options, options.data_dir)
     if task == "fill-mask":
         return fill_mask_guard(tokenizer, max_len, options, options.data_dir)
-    return build_guard(task, encoder_of(model).config, tokenizer, max_len, options)
+    if task == "rerank":
+        return rerank_guard(tokenizer, max_len, options)
+    config = encoder_of(model).config
+    if task == "classify" and config.num_labels == 1:  # its arg-max label would always agree: rank its scores
+        if options.eval_data is not None:
+            raise ValueError("a one-output classifier is judged on the order of its scores: give --calibration texts")
+        return score_guard(tokenizer, max_len, options)
+    return build_guard(task, config, tokenizer, max_len, options)
 
 
 def _task_settings(
-    task: str, layout: EmbeddingSettings | None, config: BertConfig, max_len: int, tokenizer: BertTokenizer
+    task: str,
+    layout: EmbeddingSettings | None,
+    model: tuple[Path, BertConfig],
+    max_len: int,
+    tokenizer: BertTokenizer,
 ) -> dict[str, Any]:
+    folder, config = model
     if layout is not None:
         return layout.task_settings()
     if task == "fill-mask":
         return {"mask_token": tokenizer.mask_token}
+    if task == "rerank":
+        return default_rerank_settings(folder).task_settings()
     return served_task_settings(task, config, max_len, tokenizer)
 
 

@@ -6,10 +6,13 @@ score them (e.g. a NER model with other entity types):
 - classify / embed / fill-mask: GLUE SST-2 sentences (`sst2/dev.half-a.tsv`, `sentence<TAB>label` with a header;
   not in the pretraining demo's corpus, so held out for a model `bertserve pretrain` wrote);
 - ner: CoNLL-2003 validation sentences (`conll2003/iob2/valid.txt`, one `token POS chunk TAG` per line);
-- qa: SQuAD v1.1 questions with their paragraphs (`squad_v1.1/dev-v1.1.half-a.json`, official format).
+- qa: SQuAD v1.1 questions with their paragraphs (`squad_v1.1/dev-v1.1.half-a.json`, official format);
+- rerank: the same SQuAD questions, each with a candidate list of its own paragraph and the paragraphs that follow
+  it in its article (`ranking_lists`).
 embed also retrieves: SQuAD v1.1 questions against the paragraphs they were asked about (`RETRIEVAL_FILE`).
 A calibration file given by path is one input per line; a tab separates a text pair (question<TAB>context for
-qa). Without any of them, the built-in sentences below.
+qa, query<TAB>passage for rerank, consecutive lines of one query forming its list). Without any of them, the
+built-in sentences below.
 """
 
 from __future__ import annotations
@@ -18,12 +21,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from bert_model.finetuning.recipe import subset
+from bert_model.tasks.readers import RankingList, read_ranking_lists
+
 DATA_FILES: dict[str, str] = {
     "classify": "sst2/dev.half-a.tsv",
     "embed": "sst2/dev.half-a.tsv",
     "fill-mask": "sst2/dev.half-a.tsv",
     "ner": "conll2003/iob2/valid.txt",
     "qa": "squad_v1.1/dev-v1.1.half-a.json",
+    "rerank": "squad_v1.1/dev-v1.1.half-a.json",
 }
 RETRIEVAL_FILE = "squad_v1.1/dev-v1.1.half-a.json"
 BUILTIN_TEXTS: tuple[str, ...] = (
@@ -143,3 +150,61 @@ def retrieval_sample(data_dir: Path | None, paragraphs: int, questions: int) -> 
                 sample.questions.append(texts[depth])
                 sample.gold.append(index)
     return sample
+
+
+def ranking_lists(
+    data_dir: Path | None, eval_data: Path | None, calibration: Path | None, limit: int, candidates: int
+) -> tuple[list[RankingList], str]:
+    """Up to `limit` queries, each with a list of at most `candidates` passages, and a description of their source:
+    `eval_data` (SQuAD JSON, or reranking JSON lines), else `calibration` (query<TAB>passage lines), else SQuAD
+    under `data_dir`, else the built-in questions against the built-in texts (the Normandy paragraph relevant)."""
+    if eval_data is not None:
+        path = Path(eval_data)
+        if path.name.endswith((".jsonl", ".jsonl.gz")):
+            lists = read_ranking_lists(path, candidates - 1)
+            return [lists[i] for i in subset(len(lists), limit)], str(path)
+        return _squad_lists(path, limit, candidates), str(path)
+    if calibration is not None:
+        return _calibration_lists(calibration)[:limit], str(calibration)
+    default = default_eval_file("rerank", data_dir)
+    if default is not None:
+        return _squad_lists(default, limit, candidates), str(default)
+    passages = [BUILTIN_CONTEXT, *BUILTIN_TEXTS[: candidates - 1]]
+    return [RankingList(question, passages) for question in BUILTIN_QUESTIONS], "built-in questions and sentences"
+
+
+def _squad_lists(path: Path, limit: int, candidates: int) -> list[RankingList]:
+    """`limit` questions evenly spaced over the file, each with its paragraph and the next `candidates` - 1
+    paragraphs of its article (wrapping around to its first): neighbours on the same subject, the near misses a
+    reranker has to order."""
+    asked: list[tuple[str, list[str], int]] = []
+    for article in json.loads(path.read_text(encoding="utf-8"))["data"]:
+        contexts = [paragraph["context"] for paragraph in article["paragraphs"]]
+        for index, paragraph in enumerate(article["paragraphs"]):
+            asked += [(qa["question"], contexts, index) for qa in paragraph["qas"]]
+    lists = []
+    for pick in subset(len(asked), limit):
+        question, contexts, index = asked[pick]
+        count = min(candidates, len(contexts))
+        lists.append(RankingList(question, [contexts[(index + step) % len(contexts)] for step in range(count)]))
+    return lists
+
+
+def _calibration_lists(path: Path) -> list[RankingList]:
+    """query<TAB>passage lines; consecutive lines of the same query are one list (no relevant passage known)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"calibration file {path} does not exist")
+    lists: list[RankingList] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        query, tab, passage = line.partition("\t")
+        if not tab or not query.strip() or not passage.strip():
+            raise ValueError(f"{path}:{number}: a rerank calibration line is query<TAB>passage")
+        if lists and lists[-1].query == query:
+            lists[-1].passages.append(passage)
+        else:
+            lists.append(RankingList(query, [passage], gold=None))
+    if not lists:
+        raise ValueError(f"calibration file {path} holds no input lines")
+    return lists

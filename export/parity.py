@@ -14,8 +14,13 @@
     COSINE_MEAN and minimum >= COSINE_MIN, and question -> paragraph retrieval picking fp32's paragraph for
     >= RETRIEVAL_AGREEMENT of the questions (when the guard retrieves);
   - fill-mask (always by agreement): at the masked positions, fp32's top-1 token on >= TOP1_AGREEMENT of them and
-    on average >= TOP5_OVERLAP of fp32's top-5 tokens among the variant's top 5.
-Torch-free (numpy; seqeval for the ner agreement).
+    on average >= TOP5_OVERLAP of fp32's top-5 tokens among the variant's top 5;
+  - score heads (judgment `rank-agreement-with-fp32`: a reranker, and any classifier with one output, whose arg-max
+    label always agrees and says nothing): per candidate list (a query's passages; for a one-output classifier,
+    consecutive guard texts), the variant's best candidate is fp32's on >= RANK_TOP1_AGREEMENT of the lists, and
+    Spearman's rank correlation of its scores with fp32's averages >= RANK_SPEARMAN_MEAN; the largest |score
+    difference| is recorded.
+Torch-free (numpy; seqeval for the ner agreement, scipy for Spearman's correlation).
 """
 
 from __future__ import annotations
@@ -38,8 +43,15 @@ RETRIEVAL_AGREEMENT = 0.95
 may flip under reduced precision without the vectors being worse."""
 TOP1_AGREEMENT = 0.95
 TOP5_OVERLAP = 0.9
+RANK_TOP1_AGREEMENT = 0.95
+"""Of the candidate lists, the share whose best candidate is fp32's: as for retrieval, two candidates fp32 scores
+almost alike may swap under reduced precision without the model being worse."""
+RANK_SPEARMAN_MEAN = 0.95
+"""Mean over the lists of Spearman's rho between the variant's and fp32's scores. In a list of 10 candidates one
+swap of neighbours costs 0.012: the mean allows a few swaps of near ties per list, not a reordered list."""
 EVAL_SET = "eval-set"
 AGREEMENT = "agreement-with-fp32"
+RANKING = "rank-agreement-with-fp32"
 
 Outputs = list[dict[str, np.ndarray]]
 """One dict of output arrays per guard batch."""
@@ -108,8 +120,10 @@ def judge_task(task: str, judgment: str, reference: Scored, candidate: Scored) -
     """Apply the task-level rule of `judgment` (EVAL_SET or AGREEMENT) to a variant's decoded predictions."""
     if judgment == EVAL_SET:
         return _judge_eval_set(task, reference, candidate)
+    if judgment == RANKING:
+        return judge_rankings(reference, candidate)
     if judgment != AGREEMENT:
-        raise ValueError(f"unknown judgment {judgment!r}; expected {EVAL_SET!r} or {AGREEMENT!r}")
+        raise ValueError(f"unknown judgment {judgment!r}; expected {EVAL_SET!r}, {AGREEMENT!r} or {RANKING!r}")
     if task == "qa":
         return _judge_answers(reference, candidate)
     if task == "ner":
@@ -261,3 +275,51 @@ def _judge_top_tokens(reference: Scored, candidate: Scored) -> ParityResult:
         f"top-5 overlap {overlap:.4f} (>= {TOP5_OVERLAP:g})"
     )
     return ParityResult(passed, figures, message)
+
+
+# ---- score heads: rank agreement ----------------------------------------------------------------------------
+def judge_rankings(reference: Scored, candidate: Scored) -> ParityResult:
+    """Score heads: per candidate list (predictions: list index -> its candidates' scores), the same best candidate
+    as fp32 and Spearman's rho of the scores; the largest |score difference| and the metrics of both (recall@1 when
+    the relevant candidates are known) are recorded."""
+    top1, rhos, worst, candidates = [], [], 0.0, 0
+    for index, expected in reference.predictions.items():
+        ours = np.asarray(expected, dtype=np.float64).reshape(-1)
+        theirs = np.asarray(candidate.predictions[index], dtype=np.float64).reshape(-1)
+        top1.append(int(np.argmax(ours)) == int(np.argmax(theirs)))
+        rhos.append(spearman(ours, theirs))
+        worst = max(worst, float(np.abs(ours - theirs).max(initial=0.0)))
+        candidates += ours.size
+    agreement = float(np.mean(top1)) if top1 else 1.0
+    mean_rho, min_rho = (float(np.mean(rhos)), float(np.min(rhos))) if rhos else (1.0, 1.0)
+    figures: dict[str, Any] = {
+        "top1_agreement": agreement,
+        "spearman_mean": mean_rho,
+        "spearman_min": min_rho,
+        "max_abs_score_diff": worst,
+        "threshold_top1": RANK_TOP1_AGREEMENT,
+        "threshold_spearman": RANK_SPEARMAN_MEAN,
+        "lists": len(top1),
+        "candidates": candidates,
+    }
+    figures.update({k: v for k, v in candidate.metrics.items() if isinstance(v, float)})
+    figures.update({f"{k}_fp32": v for k, v in reference.metrics.items() if isinstance(v, float)})
+    passed = agreement >= RANK_TOP1_AGREEMENT and mean_rho >= RANK_SPEARMAN_MEAN
+    message = (
+        f"candidate lists: top-1 agreement {agreement:.4f} with PyTorch fp32 (needs >= {RANK_TOP1_AGREEMENT:g}), "
+        f"mean Spearman {mean_rho:.4f} (>= {RANK_SPEARMAN_MEAN:g}), max |score diff| {worst:.3g}"
+    )
+    return ParityResult(passed, figures, message)
+
+
+def spearman(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """Spearman's rank correlation of two score vectors (ties share their mean rank); 1 when both are constant (the
+    same order: none), 0 when only one is, and 1 for a single candidate."""
+    from scipy.stats import spearmanr
+
+    if reference.size < 2:
+        return 1.0
+    flat = [bool(np.all(values == values[0])) for values in (reference, candidate)]
+    if any(flat):
+        return 1.0 if all(flat) else 0.0
+    return float(spearmanr(reference, candidate).statistic)

@@ -63,13 +63,15 @@ def _output_dims(manifest: BundleManifest) -> dict[str, list[int]]:
     """Per-request output shapes (batch dimension excluded; -1 = variable: sequence length, masked positions, or a
     size the manifest does not state: hidden, vocabulary)."""
     labels = len(manifest.labels)
-    return {
+    dims = {
         "classify": {"logits": [labels]},
         "qa": {"start_logits": [-1], "end_logits": [-1]},
         "ner": {"logits": [-1, labels]},
-        "embed": {"pooled_embedding": [-1], "normalized_embedding": [-1]},
+        "embed": {"pooled_embedding": [-1], "normalized_embedding": [-1], "token_embeddings": [-1, -1]},
         "fill-mask": {"mask_logits": [-1, -1]},
+        "rerank": {"logits": [1]},
     }[manifest.task]
+    return {name: dims[name] for name in manifest.outputs}  # a bundle of an earlier build lacks on-request outputs
 
 
 def model_config(

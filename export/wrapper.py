@@ -9,7 +9,9 @@ Only what the answer needs leaves the graph (spec.OUTPUT_NAMES):
 - embed: the token states pooled under the attention mask as sentence-transformers' `Pooling` module does (mean:
   sum / max(count, 1e-9); cls: the first token; max: masked positions at -1e9 first), (B, H), and that vector
   L2-normalized as its `Normalize` module does (divided by max(norm, 1e-12)). The numpy references are
-  `bert_model.tasks.embeddings.pool` and `l2_normalize`.
+  `bert_model.tasks.embeddings.pool` and `l2_normalize`. Then the token states themselves, (B, S, H): the encoder's
+  last hidden state, which sentence-transformers calls `token_embeddings` (the service fetches it only for the
+  requests that ask for every token's vector, `bundles.spec.ON_REQUEST_OUTPUTS`).
 - fill-mask: the masked-LM head at the mask tokens only, (B, M, V) with M the batch's most masks in one row (at
   least 1). A row's mask positions come first, in position order, from TopK(k=M, smallest) over a key that is the
   position for a mask token and S + the position otherwise: the keys are distinct, so the order does not rest on
@@ -37,6 +39,7 @@ from bert_model.modeling import BertModel
 from bert_model.registry import resolve_model_path
 from bert_model.tasks.embeddings import MASKED_MAX, NORMALIZE_EPS, POOLING_MODES
 from bundles.spec import OUTPUT_NAMES
+from export.rerank_layout import rerank_settings
 
 HEAD_TASKS: dict[str, str] = {
     "ForSequenceClassification": "classify",
@@ -52,6 +55,7 @@ ARCHITECTURE_TASKS: dict[str, str] = {
 """Architecture name in config.json (`RobertaForQuestionAnswering`, ...) -> its serving task."""
 TASK_CLASSES: dict[str, type[nn.Module]] = {
     "classify": BertForSequenceClassification,
+    "rerank": BertForSequenceClassification,
     "qa": BertForQuestionAnswering,
     "ner": BertForTokenClassification,
     "embed": BertModel,
@@ -64,7 +68,8 @@ serves fill-mask through its masked-LM head; its NSP head and pooler are not rea
 def task_of_folder(folder: Path) -> str:
     """The serving task of a checkpoint folder of any supported family, from config.json `architectures` (no entry:
     `embed`); a masked-LM or pretraining checkpoint is `fill-mask` (`load_task_model(..., task="embed")` serves its
-    encoder). An unsupported `model_type` gets the one message every loader gives."""
+    encoder), a one-output sequence classifier that says it is a cross-encoder `rerank`. An unsupported
+    `model_type` gets the one message every loader gives."""
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} is not a model folder: no config.json")
@@ -78,7 +83,9 @@ def task_of_folder(folder: Path) -> str:
     architectures = data.get("architectures") or [FAMILIES[model_type].class_prefix + "Model"]
     for architecture in architectures:
         if architecture in ARCHITECTURE_TASKS:
-            return ARCHITECTURE_TASKS[architecture]
+            task = ARCHITECTURE_TASKS[architecture]
+            # A one-output classifier whose folder says it is a cross-encoder serves as a reranker (rerank_layout.py).
+            return "rerank" if task == "classify" and rerank_settings(folder) is not None else task
     raise ValueError(
         f"{folder}: architectures {architectures} name no servable task; expected a {model_type} architecture ending "
         f"in one of {sorted(HEAD_TASKS)} (e.g. {FAMILIES[model_type].class_prefix}ForSequenceClassification)"
@@ -200,8 +207,9 @@ class ExportWrapper(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         output = self.model(input_ids, attention_mask, token_type_ids)
         if self.task == "embed":
-            pooled = pool_states(output.last_hidden_state, attention_mask, self.options.pooling)  # (B, H)
-            return pooled, pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=NORMALIZE_EPS)
+            states = output.last_hidden_state  # (B, S, H)
+            pooled = pool_states(states, attention_mask, self.options.pooling)  # (B, H)
+            return pooled, pooled / pooled.norm(dim=-1, keepdim=True).clamp(min=NORMALIZE_EPS), states
         if self.task == "fill-mask":
             return (output,)  # (B, M, V)
         return tuple(getattr(output, name) for name in self.output_names)

@@ -15,8 +15,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bundles.runtimes import RuntimeSettings
 
-DEFAULT_MODELS = ("minilm-sst2", "minilm-squad", "minilm-conll03", "minilm?")
-"""The default task models, and the MiniLM sentence encoder (embed) when its bundle has been built."""
+DEFAULT_MODELS = ("minilm-sst2", "minilm-squad", "minilm-conll03", "minilm?", "minilm-rerank?")
+"""The default task models, and the MiniLM sentence encoder (embed) and cross-encoder (rerank) when their bundles have
+been built."""
 DEFAULT_BUNDLES_DIR = Path("artifacts/bundles")
 
 CommaList = Annotated[list[str], NoDecode]

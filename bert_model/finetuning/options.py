@@ -1,8 +1,9 @@
 """Options of a fine-tuning run, validated before any work starts (one docstring per field).
 
-A field that is also an option of `bertserve finetune {classify,qa,ner}` carries its help text (and its flags where
-they are not `--<name>`) in its metadata (`cli`); the commands are generated from these fields (finetuning/cli.py),
-with the field's name, type and default. Torch-free, so that building the command line imports no torch.
+A field that is also an option of `bertserve finetune {classify,qa,ner,rerank}` carries its help text (and its flags
+where they are not `--<name>`) in its metadata (`cli`); the commands are generated from these fields
+(finetuning/cli.py), with the field's name, type and default. Torch-free, so that building the command line imports
+no torch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import bert_model.tasks.defaults as defaults
 if TYPE_CHECKING:
     from bert_model.adapters import LoRAConfig
 
-TASK_NAMES: tuple[str, ...] = ("classify", "qa", "ner")
+TASK_NAMES: tuple[str, ...] = ("classify", "qa", "ner", "rerank")
 DEFAULT_LEARNING_RATE = {"full": 5e-5, "lora": 5e-4}
 TASK_TRAINING_DEFAULTS: dict[str, dict[str, Any]] = {"qa": {"epochs": 2.0}}
 """The `finetune <task>` command's defaults where they differ from TrainingOptions' (SQuAD's epochs are long)."""
@@ -168,7 +169,50 @@ class NEROptions:
             raise ValueError(f"stride must be in [0, max_seq_length - 2), got {self.stride}")
 
 
-TaskOptions = ClassifyOptions | QAOptions | NEROptions
+NEGATIVE_SOURCES: tuple[str, ...] = ("embeddings", "bm25")
+"""Rankings hard negatives may come from (RerankOptions.negatives_from)."""
+
+
+@dataclass
+class RerankOptions:
+    """Reranker data: pair length, how many negatives each query is trained against, and where they come from.
+
+    A query's training unit is its positive passage and `negatives` negatives (so `batch_size` counts queries, each
+    of 1 + `negatives` pairs). From SQuAD JSON the negatives are mined (bert_model/finetuning/negatives.py); a
+    pairs file (JSON lines `{"query", "positive", "negatives": [...]}`) brings its own."""
+
+    max_seq_length: int = _max_seq_length(256)
+    negatives: int = field(default=7, metadata=cli("Negatives per query in training (its unit: 1 + this many pairs)."))
+    """Negative passages per query in training; a query with fewer candidates is topped up from other articles."""
+    eval_candidates: int = field(default=20, metadata=cli("Candidates per eval query (its gold one included)."))
+    """Candidate list of each evaluation query: its gold passage and the hardest negatives, this many in all."""
+    negatives_from: str = field(
+        default="embeddings,bm25",
+        metadata=cli("SQuAD: rank an article's other paragraphs by 'embeddings', 'bm25' or both (interleaved)."),
+    )
+    """Comma-separated rankings of an article's other paragraphs that hard negatives are taken from, interleaved:
+    the embedding model's cosine (`embeddings`) and BM25 over the article's paragraphs (`bm25`)."""
+    embedding_model: str = field(default="minilm", metadata=cli("Sentence encoder that ranks SQuAD negatives."))
+    """The sentence encoder (mean pooling, unit vectors) whose ranking gives the `embeddings` negatives: the first
+    stage the reranker will sit behind."""
+
+    def __post_init__(self) -> None:
+        _check_length(self.max_seq_length)
+        if self.negatives < 1:
+            raise ValueError(f"negatives must be at least 1, got {self.negatives}")
+        if self.eval_candidates < 2:
+            raise ValueError(f"eval_candidates must be at least 2 (gold and a negative), got {self.eval_candidates}")
+        sources = self.sources
+        if not sources or set(sources) - set(NEGATIVE_SOURCES):
+            raise ValueError(f"negatives_from must name some of {list(NEGATIVE_SOURCES)}, got {self.negatives_from!r}")
+
+    @property
+    def sources(self) -> list[str]:
+        """The negative sources, in interleaving order."""
+        return [name.strip() for name in self.negatives_from.split(",") if name.strip()]
+
+
+TaskOptions = ClassifyOptions | QAOptions | NEROptions | RerankOptions
 
 
 @dataclass

@@ -16,18 +16,28 @@ import torch
 from torch import nn
 
 from bert_model.finetuning.inference import predict_rows
+from bert_model.finetuning.trainer import head_loss
 from bert_model.tasks.features import Feature
 from bert_model.tokenization import BertTokenizer
 
 
 @dataclass
 class TrainSet:
-    """Training features and one target per feature (class id, (start, end), or token labels)."""
+    """Training features and one target per training unit (class id, (start, end), or token labels)."""
 
     features: list[Feature]
     targets: list[Any]
     examples: int
     """How many examples (sentences, questions, texts) the features came from."""
+    groups: list[list[int]] | None = None
+    """Features trained together as one unit (rerank: a query's positive pair, then its negative pairs): the trainer
+    draws units and `TaskRecipe.batch` receives unit indices. None: every feature is a unit."""
+
+    def unit_lengths(self) -> list[int]:
+        """Per training unit, the tokens that decide its padding: its feature's length, or its longest one's."""
+        if self.groups is None:
+            return [len(f) for f in self.features]
+        return [max(len(self.features[i]) for i in group) for group in self.groups]
 
 
 @dataclass
@@ -73,7 +83,11 @@ class TaskRecipe(ABC):
 
     @abstractmethod
     def batch(self, train: TrainSet, indices: list[int]) -> dict[str, torch.Tensor]:
-        """Model inputs and targets for some training features."""
+        """Model inputs and targets for some training units (features, or groups of them)."""
+
+    def loss(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The training loss of one batch: the head's own loss on its targets (a recipe may define another)."""
+        return head_loss(model, inputs)
 
     @abstractmethod
     def score(

@@ -3,7 +3,8 @@
 `finetune` and `evaluate` (run.py) build their recipes here, and so does export's accuracy guard
 (`export/task_guard.py`), so that all three read a model's settings and decode its outputs the same way.
 A fine-tuned model stores its task settings under `bertserve.task` of config.json (`TaskRecipe.settings`):
-the task's name and its window sizes (SQuAD 2.0 models also `version_2` and the tuned `null_threshold`).
+the task's name and its window sizes (SQuAD 2.0 models also `version_2` and the tuned `null_threshold`; a reranker
+its pair length and how its candidate lists are built).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any
 from bert_model.config import META_KEY, BertConfig
 from bert_model.finetuning.classify import ClassifyRecipe
 from bert_model.finetuning.ner import NERRecipe
-from bert_model.finetuning.options import ClassifyOptions, NEROptions, QAOptions
+from bert_model.finetuning.options import ClassifyOptions, NEROptions, QAOptions, RerankOptions
 from bert_model.finetuning.qa import QARecipe
 from bert_model.finetuning.recipe import TaskRecipe
+from bert_model.finetuning.rerank import RerankRecipe
 from bert_model.tokenization import BertTokenizer
 
 _NOT_OPTIONS = ("name", "version_2", "null_threshold")
@@ -32,7 +34,9 @@ def make_recipe(task: str, tokenizer: BertTokenizer, options: Any, config: BertC
     if task == "qa":
         threshold = stored_settings(config).get("null_threshold") if config else None
         return QARecipe(tokenizer, options if isinstance(options, QAOptions) else None, threshold)
-    raise ValueError(f"unknown task {task!r}: choose classify, qa or ner")
+    if task == "rerank":
+        return RerankRecipe(tokenizer, options if isinstance(options, RerankOptions) else None)
+    raise ValueError(f"unknown task {task!r}: choose classify, qa, ner or rerank")
 
 
 def stored_settings(config: BertConfig | None) -> dict[str, Any]:
@@ -45,5 +49,5 @@ def stored_settings(config: BertConfig | None) -> dict[str, Any]:
 def default_options(task: str, settings: dict[str, Any]) -> Any:
     """Task options from a model's stored settings (window sizes the model was trained with)."""
     keep = {k: v for k, v in settings.items() if k not in _NOT_OPTIONS}
-    factory = {"classify": ClassifyOptions, "qa": QAOptions, "ner": NEROptions}[task]
+    factory = {"classify": ClassifyOptions, "qa": QAOptions, "ner": NEROptions, "rerank": RerankOptions}[task]
     return factory(**keep)

@@ -37,6 +37,7 @@ from bert_model.finetuning.options import ClassifyOptions, FinetuneRun, TaskOpti
 from bert_model.finetuning.qa import QARecipe, write_squad_predictions
 from bert_model.finetuning.recipe import EvalOutcome, EvalSet, TaskRecipe
 from bert_model.finetuning.recipes import default_options, make_recipe, stored_settings
+from bert_model.finetuning.rerank import write_rerank_predictions
 from bert_model.finetuning.trainer import Trainer
 from bert_model.registry import TASK_MODELS, resolve_model_path
 from bert_model.tokenization import BertTokenizer
@@ -74,10 +75,11 @@ def finetune(run: FinetuneRun) -> dict[str, Any]:
         model,
         options,
         lambda indices: recipe.batch(train, indices),
-        [len(f) for f in train.features],
+        train.unit_lengths(),
         evaluate if eval_set is not None else None,
         recipe.primary_metric,
         log,
+        recipe.loss,
     )
     logger.info(
         "training %d features (%d examples), %d steps", len(train.features), train.examples, trainer.total_steps
@@ -186,7 +188,7 @@ def evaluate_model(
     settings = stored_settings(config)
     task = task or settings.get("name") or TASK_MODELS.get(str(model_name))
     if task is None:
-        raise ValueError(f"cannot tell the task of {model_name!r}: pass --task classify, qa or ner")
+        raise ValueError(f"cannot tell the task of {model_name!r}: pass --task classify, qa, ner or rerank")
     if settings.get("name") not in (None, task):
         raise ValueError(f"{model_name!r} was fine-tuned for {settings['name']!r}, not {task!r}")
     tokenizer = BertTokenizer.from_pretrained(folder)
@@ -212,5 +214,10 @@ def evaluate_model(
 
 def write_predictions(task: str, path: Path, eval_set: EvalSet, outcome: EvalOutcome) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = {"classify": write_classify_predictions, "qa": write_squad_predictions, "ner": write_conll_predictions}
+    writer = {
+        "classify": write_classify_predictions,
+        "qa": write_squad_predictions,
+        "ner": write_conll_predictions,
+        "rerank": write_rerank_predictions,
+    }
     writer[task](path, eval_set, outcome)

@@ -26,6 +26,12 @@ from bert_model.training import MetricsLog, TrainResult, lr_multiplier, paramete
 
 BatchBuilder = Callable[[list[int]], dict[str, torch.Tensor]]
 Evaluate = Callable[[nn.Module, int | None], dict[str, Any]]
+Loss = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def head_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The loss the head computes from the targets among `inputs`."""
+    return model(**inputs).loss
 
 
 def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.AdamW:
@@ -46,10 +52,11 @@ class Trainer:
         evaluate: Evaluate | None = None,
         primary_metric: str = "f1",
         log: MetricsLog | None = None,
+        loss: Loss = head_loss,
     ) -> None:
         if not lengths:
             raise ValueError("the training set is empty")
-        self.model, self.options, self.build_batch = model, options, build_batch
+        self.model, self.options, self.build_batch, self.loss = model, options, build_batch, loss
         self.lengths, self.evaluate, self.primary_metric = list(lengths), evaluate, primary_metric
         self.log = log or MetricsLog(None)
         self.rng = np.random.default_rng(options.seed)
@@ -93,7 +100,7 @@ class Trainer:
     def _step(self, batch: list[int], optimizer: torch.optim.Optimizer) -> float:
         inputs = fit_segments(self.build_batch(batch), self.model)
         with autocast(self.options.bf16):
-            loss = self.model(**inputs).loss
+            loss = self.loss(self.model, inputs)
         loss.backward()
         if self.options.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(

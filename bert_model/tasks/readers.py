@@ -1,4 +1,5 @@
-"""Data readers for fine-tuning and evaluation: GLUE-style text classification files, SQuAD JSON, CoNLL columns.
+"""Data readers for fine-tuning and evaluation: GLUE-style text classification files, SQuAD JSON, CoNLL columns,
+reranking lists.
 
 Formats:
 - classification: TSV (GLUE layout, read with `csv.QUOTE_NONE` as GLUE's own reader does), CSV (standard
@@ -6,7 +7,9 @@ Formats:
   (`sentence`/`label` for SST-2, `sentence1`/`sentence2` or `premise`/`hypothesis` for pairs, ...);
 - SQuAD v1.1 / v2.0 JSON (Rajpurkar et al. 2016, 2018): data -> paragraphs -> qas -> answers;
 - CoNLL-2003 column files (Tjong Kim Sang & De Meulder 2003): one token per line, the NER tag in the last
-  column, blank lines between sentences, `-DOCSTART-` lines skipped; IOB1 tags are converted to IOB2.
+  column, blank lines between sentences, `-DOCSTART-` lines skipped; IOB1 tags are converted to IOB2;
+- reranking lists: JSON lines `{"query": str, "positive": str, "negatives": [str, ...]}`, negatives hardest first
+  (the layout of sentence-transformers' hard-negative data sets, one line per query).
 
 Files may be gzip-compressed (`.gz`). Every malformed record raises ValueError naming the file and the line
 (or the JSON path of a SQuAD record); an empty data set is refused. Torch-free.
@@ -183,6 +186,35 @@ def _jsonl_rows(source: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not isinstance(record, dict):
                 raise ValueError(f"{source}:{line}: expected a JSON object, got {type(record).__name__}")
             yield line, record
+
+
+@dataclass
+class RankingList:
+    """A query and its candidate passages, one of them relevant."""
+
+    query: str
+    passages: list[str]
+    gold: int | None = 0
+    """Index of the relevant passage in `passages` (None: not known)."""
+
+
+def read_ranking_lists(path: str | Path, negatives: int | None = None) -> list[RankingList]:
+    """A reranking JSON-lines file: per line, the query and its positive (index 0), then its first `negatives`
+    negatives (all of them when None). Errors name the file and the line."""
+    source = Path(path)
+    lists = [_ranking_list(record, f"{source}:{line}", negatives) for line, record in _jsonl_rows(source)]
+    if not lists:
+        raise ValueError(f"{source}: the data set is empty (no query lines)")
+    return lists
+
+
+def _ranking_list(record: dict[str, Any], where: str, negatives: int | None) -> RankingList:
+    query, positive, others = record.get("query"), record.get("positive"), record.get("negatives")
+    if not isinstance(query, str) or not query.strip() or not isinstance(positive, str) or not positive.strip():
+        raise ValueError(f"{where}: query and positive must be non-empty strings")
+    if not isinstance(others, list) or not others or not all(isinstance(text, str) for text in others):
+        raise ValueError(f"{where}: negatives must be a non-empty list of strings")
+    return RankingList(query, [positive, *others[:negatives]])
 
 
 def label_set(examples: Sequence[TextExample]) -> list[str]:

@@ -107,6 +107,13 @@ def top_candidates(question_vectors: ArrayLike, paragraph_vectors: ArrayLike, k:
     return np.concatenate(rows) if rows else np.zeros((0, k), dtype=np.int64)
 
 
+def candidate_ranking(scores: ArrayLike, gold: int | None = None) -> list[int]:
+    """A candidate list's indices by score, best first: ties go to the earlier candidate, except that the `gold`
+    one comes after every candidate scoring as high as it (ties never flatter a model, as in `gold_ranks`)."""
+    values = np.asarray(scores, dtype=np.float64).reshape(-1)
+    return sorted(range(len(values)), key=lambda i: (-values[i], i == gold, i))
+
+
 def ranking_metrics(
     rankings: Sequence[Sequence[int]], gold: Sequence[int], ks: Sequence[int] = (1, 5)
 ) -> dict[str, float]:

@@ -44,6 +44,13 @@ def export_command(
         Path | None, typer.Option(help="Real data folder (default ../shared/data) for the guards.")
     ] = None,
     strict: Annotated[bool, typer.Option(help="Fail when any variant is refused by its accuracy guard.")] = False,
+    task: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve as this task instead of the folder's own: rerank for a one-output classifier saved without a "
+            "reranker's marker (default: from config.json; a CrossEncoder folder is a reranker)."
+        ),
+    ] = None,
     triton_repo: Annotated[
         Path | None, typer.Option("--triton-repo", help="Also write a Triton model repository here.")
     ] = None,
@@ -64,6 +71,7 @@ def export_command(
             data_dir=data_dir,
             guard_limit=guard_limit,
             strict=strict,
+            task=task,
         )
         guard = result.manifest.source["guard_inputs"]
         typer.echo(f"guard: {guard['judgment']} on {guard['count']} examples of {guard['source']}")

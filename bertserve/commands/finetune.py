@@ -1,12 +1,12 @@
-"""`bertserve finetune {classify,qa,ner}`, `bertserve evaluate` and `bertserve retrieval-eval`: thin typer wrappers
-over `run` and `retrieval_eval`.
+"""`bertserve finetune {classify,qa,ner,rerank}`, `bertserve evaluate` and `bertserve retrieval-eval`: thin typer
+wrappers over `run` and `retrieval_eval`.
 
-The three finetune commands are generated, not written out: each takes the run's data and model options
+The finetune commands are generated, not written out: each takes the run's data and model options
 (`RUN_OPTIONS`), every field of `TrainingOptions` that carries command-line metadata (`options.cli`: help text and
 flags; name, type and default come from the field itself), the LoRA switch and its settings (`LORA_OPTIONS`), and
-every field of its task's options class (`ClassifyOptions`, `QAOptions`, `NEROptions`). So an option is declared
-once, and cannot drift from the dataclass it fills. torch is imported only inside the command bodies (through
-`bert_model.finetuning.run`), so registering these commands costs nothing to `bertserve serve`.
+every field of its task's options class (`ClassifyOptions`, `QAOptions`, `NEROptions`, `RerankOptions`). So an
+option is declared once, and cannot drift from the dataclass it fills. torch is imported only inside the command
+bodies (through `bert_model.finetuning.run`), so registering these commands costs nothing to `bertserve serve`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from bert_model.finetuning.options import (
     FinetuneRun,
     NEROptions,
     QAOptions,
+    RerankOptions,
     TaskOptions,
     TrainingOptions,
 )
@@ -37,6 +38,11 @@ TASKS: dict[str, tuple[type[TaskOptions], str]] = {
     "classify": (ClassifyOptions, "Fine-tune a text (pair) classifier on TSV / CSV / JSONL data."),
     "qa": (QAOptions, "Fine-tune extractive question answering on SQuAD v1.1 / v2.0 JSON."),
     "ner": (NEROptions, "Fine-tune NER on CoNLL column files (IOB1 or IOB2)."),
+    "rerank": (
+        RerankOptions,
+        "Fine-tune a cross-encoder reranker on SQuAD JSON (hard negatives mined) or query / positive / negatives "
+        "JSON lines.",
+    ),
 }
 """Each finetune command: its task options class and its help."""
 
@@ -203,8 +209,10 @@ BF16 = next(option for option in field_options(TrainingOptions) if option.name =
 
 def evaluate(
     model: Annotated[str, typer.Argument(help="Fine-tuned model folder or built-in name (minilm-sst2, ...).")],
-    data: Annotated[str, typer.Option(help="Labelled data: TSV/CSV/JSONL, SQuAD JSON or CoNLL file.")],
-    task: Annotated[str | None, typer.Option(help="classify, qa or ner [default: from the model].")] = None,
+    data: Annotated[
+        str, typer.Option(help="Labelled data: TSV/CSV/JSONL, SQuAD JSON, CoNLL file or rerank pairs JSON lines.")
+    ],
+    task: Annotated[str | None, typer.Option(help="classify, qa, ner or rerank [default: from the model].")] = None,
     predictions: Annotated[
         str | None, typer.Option(help="Write predictions here (SQuAD: the official {id: answer} JSON).")
     ] = None,
@@ -252,10 +260,20 @@ def retrieval_eval(
         str | None,
         typer.Option(help="Also score the two-stage pipeline: the embeddings' top-k reranked by this served model."),
     ] = None,
-    top_k: Annotated[int, typer.Option(help="Candidates per question the reranker ranks (with --rerank).")] = 20,
+    top_k: Annotated[
+        int, typer.Option(help="Candidates per question the reranker ranks (with --rerank, --reference-rerank).")
+    ] = 20,
+    reference_rerank: Annotated[
+        str | None,
+        typer.Option(
+            help="Also score the two-stage pipeline in-process: --reference's top-k reranked by this cross-encoder "
+            "(folder or built-in name) in PyTorch."
+        ),
+    ] = None,
 ) -> None:
     """Question -> paragraph retrieval (recall@1, @5, MRR) through the service and/or sentence-transformers; with
-    --rerank, the embeddings' top-k reranked by a served cross-encoder, with its latency per query."""
+    --rerank, the embeddings' top-k reranked by a served cross-encoder, with its latency per query; with
+    --reference-rerank, reranked in-process (PyTorch)."""
     from bertserve.retrieval_eval import run_retrieval_eval
 
     run_retrieval_eval(
@@ -270,4 +288,5 @@ def retrieval_eval(
         echo=typer.echo,
         rerank=rerank,
         top_k=top_k,
+        reference_rerank=reference_rerank,
     )

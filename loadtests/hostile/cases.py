@@ -227,6 +227,7 @@ def warmup_requests(models: dict[str, ModelInfo], texts: Texts, grpc: bool) -> l
         requests.append(_rest("warm-up /ner", "/ner", {"inputs": sentence}))
     if "embed" in models:
         requests += [_rest("warm-up /embed", "/embed", {"inputs": sentence}),
+                     _rest("warm-up /embed_all", "/embed_all", {"inputs": sentence}),
                      _rest("warm-up /v1/embeddings", "/v1/embeddings", {"input": sentence})]  # fmt: skip
     if grpc and "classify" in models:
         requests.append(
@@ -364,7 +365,11 @@ def max_size_requests(
         if grpc and task == "qa":
             name = f"max Extract {sized.legal_inputs} longest context{'' if sized.legal_inputs == 1 else 's'}"
             requests.append(extract_request(name, texts, sized.legal_inputs, sized.input_chars))
-    for task, path, key in (("classify", "/classify", "inputs"), ("embed", "/embed", "inputs")):
+    for task, path, key in (
+        ("classify", "/classify", "inputs"),
+        ("embed", "/embed", "inputs"),
+        ("embed", "/embed_all", "inputs"),
+    ):
         if task in models:
             requests.append(_rest(f"max {path} {n} inputs", path, {key: _fit_texts(texts, n, limits, 64)}))
     if "fill-mask" in models:

@@ -8,6 +8,7 @@ never serve again (the batcher then fails the model for good: `service.engine.ba
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -32,10 +33,13 @@ class Backend(Protocol):
     async def start(self) -> None:
         """Open sessions / connections; raise BackendUnavailable if it cannot serve."""
 
-    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one batch: inputs are INPUT_NAMES int64 (B, S) arrays; outputs the task's OUTPUT_NAMES."""
+    async def infer(self, inputs: dict[str, np.ndarray], extra_outputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
+        """Run one batch: inputs are INPUT_NAMES int64 (B, S) arrays; outputs the bundle's `output_names`, and the
+        on-request `extra_outputs` of its graph the batch's requests ask for (`bundles.spec.ON_REQUEST_OUTPUTS`)."""
 
-    async def infer_alone(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer_alone(
+        self, inputs: dict[str, np.ndarray], extra_outputs: Sequence[str] = ()
+    ) -> dict[str, np.ndarray]:
         """Run a batch that nothing else competes with (the batcher has no other batch running or waiting): a
         backend with a latency path for it uses that (OpenVINO streams: a copy on all cores), others run `infer`."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -120,11 +121,13 @@ class OrtBackend:
         await loop.run_in_executor(self._executor, self._load)
         log.info("loaded %s variant %s on %s", self.manifest.name, self.variant, self.provider)
 
-    def _run(self, inputs: dict[str, np.ndarray], lone: bool = False) -> dict[str, np.ndarray]:
+    def _run(
+        self, inputs: dict[str, np.ndarray], lone: bool = False, extra: Sequence[str] = ()
+    ) -> dict[str, np.ndarray]:
         runtime = self._runtime
         if runtime is None:
             raise BackendUnavailable(f"model {self.manifest.name!r} is not loaded")
-        return runtime.run(inputs, alone=lone)
+        return runtime.run(inputs, alone=lone, extra=extra)
 
     async def time_call(self, inputs: dict[str, np.ndarray]) -> float:
         """Seconds one forward of `inputs` takes in the worker thread (what `--variant auto` compares)."""
@@ -136,16 +139,18 @@ class OrtBackend:
         self._run(inputs, lone=True)  # a timing call runs alone
         return time.perf_counter() - start
 
-    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer(self, inputs: dict[str, np.ndarray], extra_outputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
         """Run one batch (on a stream of the compiled graph; after the running lone call, if one runs)."""
-        return await self._infer(inputs, alone=False)
+        return await self._infer(inputs, False, extra_outputs)
 
-    async def infer_alone(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer_alone(
+        self, inputs: dict[str, np.ndarray], extra_outputs: Sequence[str] = ()
+    ) -> dict[str, np.ndarray]:
         """Run a batch that nothing else competes with: on the latency copy (all cores) when there is one and no
         call is in flight, else as `infer`."""
-        return await self._infer(inputs, alone=True)
+        return await self._infer(inputs, True, extra_outputs)
 
-    async def _infer(self, inputs: dict[str, np.ndarray], alone: bool) -> dict[str, np.ndarray]:
+    async def _infer(self, inputs: dict[str, np.ndarray], alone: bool, extra: Sequence[str]) -> dict[str, np.ndarray]:
         # Calls that start while a lone call runs wait for it, so the copy's threads and a stream's never share
         # the cores; `_calls` and `_lone_done` are only touched on the event loop.
         if self._closed:
@@ -161,7 +166,7 @@ class OrtBackend:
             else:
                 while self._lone_done is not None:
                     await self._lone_done.wait()
-            return await loop.run_in_executor(self._executor, self._run, inputs, lone)
+            return await loop.run_in_executor(self._executor, self._run, inputs, lone, extra)
         except (BackendError, BackendUnavailable):
             raise
         except Exception as error:  # onnxruntime raises its own exception types (Fail, InvalidArgument, ...)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import tritonclient.grpc.aio as triton
@@ -47,6 +48,8 @@ class TritonBackend:
         self.width_multiple = 1  # requests go to Triton padded to their longest row
         self.concurrency = 1
         self.output_names = list(manifest.output_names)
+        self.graph_outputs = list(manifest.outputs)
+        """Every output of the bundle's graphs (the on-request ones included): the Triton model must have them."""
         self._timeout = timeout_s
         self._client: triton.InferenceServerClient | None = None
         self._inputs: list[str] = list(INPUT_NAMES)
@@ -70,32 +73,35 @@ class TritonBackend:
         self.max_rows = int(config.get("max_batch_size", 0)) or None
         served_inputs = {item["name"] for item in metadata.get("inputs", [])}
         served_outputs = {item["name"] for item in metadata.get("outputs", [])}
-        missing = [name for name in self.output_names if name not in served_outputs]
+        missing = [name for name in self.graph_outputs if name not in served_outputs]
         if missing:
             raise ValueError(f"Triton model {self.model_name!r} lacks the outputs {missing}")
         self._inputs = [name for name in INPUT_NAMES if name in served_inputs]
         log.info("using Triton model %s at %s", self.model_name, self.url)
 
-    async def infer_alone(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer_alone(
+        self, inputs: dict[str, np.ndarray], extra_outputs: Sequence[str] = ()
+    ) -> dict[str, np.ndarray]:
         """Triton schedules its own instances: a lone batch is sent as any other."""
-        return await self.infer(inputs)
+        return await self.infer(inputs, extra_outputs)
 
-    async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer(self, inputs: dict[str, np.ndarray], extra_outputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
         """One batch; split into calls of at most the model's `max_batch_size` rows (sent concurrently)."""
         if self._client is None:
             raise BackendUnavailable("the Triton backend is not started")
+        names = self.output_names + [name for name in extra_outputs if name not in self.output_names]
         rows = len(inputs["input_ids"])
         if self.max_rows is None or rows <= self.max_rows:
-            return await self._infer(inputs)
+            return await self._infer(inputs, names)
         parts = await asyncio.gather(
             *(
-                self._infer({name: array[start : start + self.max_rows] for name, array in inputs.items()})
+                self._infer({name: array[start : start + self.max_rows] for name, array in inputs.items()}, names)
                 for start in range(0, rows, self.max_rows)
             )
         )
-        return {name: _concatenate_rows([part[name] for part in parts]) for name in self.output_names}
+        return {name: _concatenate_rows([part[name] for part in parts]) for name in names}
 
-    async def _infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def _infer(self, inputs: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         assert self._client is not None
         request = []
         for name in self._inputs:
@@ -103,7 +109,7 @@ class TritonBackend:
             tensor = triton.InferInput(name, list(array.shape), "INT64")
             tensor.set_data_from_numpy(array)
             request.append(tensor)
-        outputs = [triton.InferRequestedOutput(name) for name in self.output_names]
+        outputs = [triton.InferRequestedOutput(name) for name in names]
         try:
             result = await self._client.infer(self.model_name, request, outputs=outputs, client_timeout=self._timeout)
         except InferenceServerException as error:
@@ -118,7 +124,7 @@ class TritonBackend:
             raise BackendError(
                 f"Triton failed on a batch of shape {inputs['input_ids'].shape}: {error.message()}"
             ) from error
-        values = {name: result.as_numpy(name) for name in self.output_names}
+        values = {name: result.as_numpy(name) for name in names}
         absent = [name for name, value in values.items() if value is None]
         if absent:
             raise BackendError(f"Triton returned no {absent} for model {self.model_name!r}")

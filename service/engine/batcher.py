@@ -17,6 +17,8 @@ the requests of that batch, at once, and outputs are checked to have one row per
 dies, whose backend reports itself broken, or whose batches keep failing has failed for good (see `Batcher`). With
 `passthrough` (the backend batches itself, e.g. Triton's dynamic batcher) every request goes straight to the
 backend as its own call, with the same checks and bounds.
+A request may ask for outputs beyond the model's usual ones (`extra_outputs`: an embedding model's token states);
+a batch fetches them only when one of its requests does.
 
 References: Triton dynamic batcher (max_queue_delay, preferred sizes), text-embeddings-inference's token
 budget batching (max_batch_tokens), Clipper (NSDI'17) adaptive batching, start-time fair queueing (Goyal et al.,
@@ -52,7 +54,16 @@ from service.errors import (
 
 log = logging.getLogger(__name__)
 
-RunBatch = Callable[[dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
+
+class RunBatch(Protocol):
+    """`run(inputs)` -> the outputs every batch has; `run(inputs, extra_outputs)` -> those and the extra ones
+    (`Backend.infer`): the batcher passes `extra_outputs` only to a batch whose requests ask for some."""
+
+    def __call__(
+        self, inputs: dict[str, np.ndarray], extra_outputs: Sequence[str] = (), /
+    ) -> Awaitable[dict[str, np.ndarray]]: ...
+
+
 OnFailure = Callable[[str, str], None]
 """Called once when a model fails for good, with the model's name and the reason."""
 LOAD_ERRORS = (Overloaded, DeadlineExceeded, NotReady, BackendUnavailable)
@@ -164,6 +175,8 @@ class _Request:
     batches: int = 0
     short: bool = True
     """Interactive work (`LongBatchGate.is_short`): its rows go before long batches."""
+    extra_outputs: tuple[str, ...] = ()
+    """Outputs it needs beyond the batcher's `output_names`: fetched for the batches that carry its rows."""
 
     @property
     def dead(self) -> bool:
@@ -298,6 +311,15 @@ class LongBatchGate:
     def _notify(self) -> None:
         for wakeup in self._waiters:
             wakeup.set()
+
+
+def _extra_outputs(batch: list[_Item]) -> tuple[str, ...]:
+    """The outputs beyond `output_names` that the requests of `batch` ask for, each once, in the order asked."""
+    extra: dict[str, None] = {}
+    for item in batch:
+        if item.request.extra_outputs:
+            extra.update(dict.fromkeys(item.request.extra_outputs))
+    return tuple(extra)
 
 
 def _is_long(batch: list[_Item]) -> bool:
@@ -486,10 +508,15 @@ class Batcher:
         self._reserved -= rows
 
     async def submit(
-        self, features: Sequence[Encoded], deadline: float, reservation: Reservation | None = None
+        self,
+        features: Sequence[Encoded],
+        deadline: float,
+        reservation: Reservation | None = None,
+        extra_outputs: tuple[str, ...] = (),
     ) -> BatchResult:
         """Queue `features` in the place `reservation` holds (without one, reserve it now) and wait for their
-        outputs; raises Overloaded / DeadlineExceeded / BackendError.
+        outputs, `output_names` and the `extra_outputs` asked for (fetched only for the batches carrying its rows);
+        raises Overloaded / DeadlineExceeded / BackendError.
 
         `deadline` is in `time.perf_counter()` seconds (uvloop's loop clock has only millisecond steps).
         """
@@ -510,6 +537,7 @@ class Batcher:
             submitted=now,
             outputs=[None] * len(features),
             remaining=len(features),
+            extra_outputs=extra_outputs,
         )
         if self.config.passthrough:
             return await self._passthrough(request)
@@ -770,14 +798,15 @@ class Batcher:
                 if self._observer is not None:
                     self._observer.queued(self.model, start - request.submitted)
         arrays = self._pad(batch)
+        extra = _extra_outputs(batch)
         self.backend_calls += 1
         run = self._run_batch
         if alone and self._run_alone is not None:
             run = self._run_alone
             self.alone_calls += 1
         try:
-            outputs = await run(arrays)
-            self._check_outputs(outputs, arrays)
+            outputs = await (run(arrays, extra) if extra else run(arrays))
+            self._check_outputs(outputs, arrays, self.output_names + extra)
         except ServiceError as error:
             if isinstance(error, BackendError):  # with the runtime's own exception it was raised from
                 log.error("backend failed on a batch of %d for model %s", len(batch), self.model, exc_info=error)
@@ -803,9 +832,11 @@ class Batcher:
             [f.input_ids for f in features], [f.token_type_ids for f in features], width, self.config.pad_id
         )
 
-    def _check_outputs(self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> None:
+    def _check_outputs(
+        self, outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray], names: Sequence[str]
+    ) -> None:
         rows, width = arrays["input_ids"].shape
-        for name in self.output_names:
+        for name in names:
             if name not in outputs:
                 raise BackendError(f"the backend returned no {name!r} output (got {sorted(outputs)})")
             shape = np.shape(outputs[name])
@@ -823,7 +854,7 @@ class Batcher:
             # views into the batch's arrays (each backend call returns new ones): no copy on the event loop
             request.outputs[item.index] = {
                 name: outputs[name][row, : item.length] if name in self.sequence_outputs else outputs[name][row]
-                for name in self.output_names
+                for name in (self.output_names + request.extra_outputs if request.extra_outputs else self.output_names)
             }
             request.remaining -= 1
             touched[id(request)] = request

@@ -414,7 +414,7 @@ class Engine:
                 with model.batcher.reserve(plan.sequences, plan.too_large) as place:
                     features = await self._work(model, small, pipeline.build, plan)
             tokenized = time.perf_counter()
-            result = await model.batcher.submit(features, deadline, place)
+            result = await model.batcher.submit(features, deadline, place, pipeline.extra_outputs(request))
             batched = time.perf_counter()
             self.tracer.record("queue", tokenized, tokenized + result.queue_s, model=model.name)
             self.tracer.record("infer", batched - result.inference_s, batched, model=model.name, batches=result.batches)
@@ -432,12 +432,13 @@ class Engine:
         )
         return Outcome(model=model.name, results=results, timings=timings)
 
-    async def off_loop(self, characters: int, function: Callable[..., T], *args: Any) -> T:
-        """`function(*args)` for a front door's own tokenizer work of `characters` characters (`/tokenize`): on the
-        event loop when small, else on the bounded executor (Overloaded when it is full)."""
+    async def off_loop(self, characters: int, function: Callable[..., T], *args: Any, bounded: bool = True) -> T:
+        """`function(*args)` for a front door's own work of `characters` characters (`/tokenize`'s tokenizer, the
+        rendering of a large answer): on the event loop when small, else on the bounded executor (Overloaded when it
+        is full; `bounded=False` for the rendering of an answer whose work is done, as `_work` does)."""
         if characters < INLINE_CHARACTERS:
             return function(*args)
-        return await self.executor.run(function, *args)
+        return await self.executor.run(function, *args, bounded=bounded)
 
     async def _work(
         self, model: LoadedModel, small: bool, function: Callable[..., T], *args: Any, bounded: bool = True

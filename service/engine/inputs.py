@@ -156,6 +156,23 @@ class EmbedInput:
 
 
 @dataclass
+class EmbedAllInput:
+    """Every token's vector of each text (TEI's `/embed_all`): the embedding model's token states, served by the
+    embed models (`task`) whose bundle puts them out."""
+
+    texts: list[str]
+    truncate: bool | None = None
+
+    task: ClassVar[str] = "embed"
+
+    def check(self, limits: Limits, field: str) -> None:
+        check_texts(self.texts, field, limits)
+
+    def characters(self) -> int:
+        return sum(map(len, self.texts))
+
+
+@dataclass
 class FillMaskInput:
     texts: list[str]
     top_k: int = defaults.FILL_MASK_TOP_K
@@ -204,7 +221,7 @@ class RerankInput:
         return len(self.query) * len(self.texts) + sum(map(len, self.texts))
 
 
-TaskInput = ClassifyInput | QAInput | NERInput | EmbedInput | FillMaskInput | RerankInput
+TaskInput = ClassifyInput | QAInput | NERInput | EmbedInput | EmbedAllInput | FillMaskInput | RerankInput
 
 
 def check_texts(texts: list[str], name: str, limits: Limits, *, count: bool = True) -> None:

@@ -4,7 +4,8 @@ Each pipeline turns one validated request into features (each remembering its in
 features' output rows back into one result per input, in the shapes of Hugging Face pipelines:
 classify -> `[{label, score}]`, qa -> `[{answer, score, start, end}]`, ner -> `[{entity_group, score, word,
 start, end}]`, fill-mask -> per mask `[{score, token, token_str, sequence}]`; embed -> `{embedding, tokens}`
-(the vector, and the tokens read, which OpenAI's `usage` counts).
+(the vector, and the tokens read, which OpenAI's `usage` counts), or for every token's vector (`EmbedAllInput`)
+`{token_embeddings, tokens}` (a (tokens, hidden) float32 array).
 Errors of the task layer caused by the input (ValueError) become `InvalidInput`.
 
 The requests are `service.engine.inputs`; QA and NER windows follow the model's own settings
@@ -44,7 +45,17 @@ from bert_model.tasks.rerank import ACTIVATIONS, build_rerank_features, rerank_p
 from bert_model.tasks.windows import ner_windows, qa_windows
 from bert_model.tokenization import InputTooLongError
 from bundles.serving import ServingBundle
-from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, RerankInput, TaskInput
+from bundles.spec import MANIFEST_FILE, reexport_command
+from service.engine.inputs import (
+    ClassifyInput,
+    EmbedAllInput,
+    EmbedInput,
+    FillMaskInput,
+    NERInput,
+    QAInput,
+    RerankInput,
+    TaskInput,
+)
 from service.errors import BackendError, InputTooLong, InvalidInput
 
 WARMUP_TEXTS: tuple[str, ...] = ("warm up the model", "a second, somewhat longer warm-up sentence " * 4)
@@ -61,6 +72,13 @@ FILL_MASK_OUTPUT_BYTES = 256 * 1024 * 1024
 """Largest (B, M, V) float32 `mask_logits` output of one fill-mask batch (M = its most masks in one row). A row
 may be all masks, so M can reach the padded length: the cap bounds a batch's padded tokens (about 2,200 with a
 30,522-token vocabulary). One mask per row, a batch of 8 x 128 tokens puts 8 x 30,522 floats out (977 KB)."""
+TOKEN_EMBEDDINGS = "token_embeddings"
+"""The embed graph's token states (`bundles.spec.ON_REQUEST_OUTPUTS`): fetched for the requests for them only."""
+EMBED_ALL_MAX_VALUES = 8 * 1024 * 1024
+"""Most floats one token-embeddings answer may hold (its tokens, specials included, x the hidden size), refused
+before the model runs: 32 MiB of float32, half of the gRPC front door's send limit, and about 90 MB as JSON. The
+default request limits stay under it with MiniLM (64 inputs x 256 tokens x 384 = 6.3 million); a BERT-base model
+reaches it at 21 inputs of 512 tokens."""
 
 
 @dataclass
@@ -167,6 +185,10 @@ class Pipeline:
 
     def count(self, request: Any) -> int:
         raise NotImplementedError
+
+    def extra_outputs(self, request: Any) -> tuple[str, ...]:
+        """Outputs `request` needs beyond the bundle's `output_names` (fetched for its batches only): none."""
+        return ()
 
     def size(self, request: TaskInput) -> int:
         """The size of a request's tokenization and post-processing, in characters: whether the engine does them
@@ -343,9 +365,13 @@ class NERPipeline(Pipeline):
 class EmbedPipeline(Pipeline):
     """Sentence embeddings: one (cut or refused) sequence per text; the graph pools it (the manifest's `pooling`
     says how) and normalizes the pooled vector, the pipeline picks the vector the request asks for (or cuts the
-    pooled one to `dimensions` and renormalizes it)."""
+    pooled one to `dimensions` and renormalizes it). A request for every token's vector (`EmbedAllInput`) gets the
+    graph's token states instead, each text's own tokens (special tokens included, as text-embeddings-inference's
+    `/embed_all` and sentence-transformers' `output_value="token_embeddings"` answer), raw: neither pooled nor
+    normalized."""
 
     task = "embed"
+    sequence_outputs = (TOKEN_EMBEDDINGS,)
 
     def __init__(self, bundle: ServingBundle) -> None:
         super().__init__(bundle)
@@ -360,9 +386,25 @@ class EmbedPipeline(Pipeline):
         """The graph's vector size, read off its first answer (the warm-up's): from then on a request's
         `dimensions` is checked before its work is done."""
 
-    def _features(self, request: EmbedInput) -> list[Feature]:
-        self._check_dimensions(request.dimensions)
-        return list(
+    def _plan(self, request: EmbedInput | EmbedAllInput) -> Plan:
+        if isinstance(request, EmbedAllInput) and TOKEN_EMBEDDINGS not in self.bundle.manifest.on_request_outputs:
+            manifest = self.bundle.manifest
+            command = reexport_command({"source": manifest.source}, self.bundle.path / MANIFEST_FILE)
+            raise InvalidInput(
+                f"model {manifest.name!r} cannot answer with token embeddings: its bundle was exported before embed "
+                f"graphs put out their token states (its graphs output {', '.join(manifest.outputs)}); re-export it "
+                f"with this build: {command}"
+            )
+        return super()._plan(request)
+
+    def extra_outputs(self, request: Any) -> tuple[str, ...]:
+        """The token states for a request for every token's vector."""
+        return (TOKEN_EMBEDDINGS,) if isinstance(request, EmbedAllInput) else ()
+
+    def _features(self, request: EmbedInput | EmbedAllInput) -> list[Feature]:
+        if isinstance(request, EmbedInput):
+            self._check_dimensions(request.dimensions)
+        features: list[Feature] = list(
             build_classification_features(
                 self.tokenizer,
                 request.texts,
@@ -370,8 +412,32 @@ class EmbedPipeline(Pipeline):
                 truncation=_truncation(request.truncate),  # type: ignore[arg-type]
             )
         )
+        if isinstance(request, EmbedAllInput):
+            self._check_answer_size(features)
+        return features
 
-    def _postprocess(self, request: EmbedInput, features: Sequence[Feature], outputs: list[dict]) -> dict:
+    def _check_answer_size(self, features: Sequence[Feature]) -> None:
+        """A token-embeddings answer holds tokens x hidden floats: at most EMBED_ALL_MAX_VALUES."""
+        tokens = sum(len(feature) for feature in features)
+        size = self.vector_size
+        if size is not None and tokens * size > EMBED_ALL_MAX_VALUES:
+            raise InvalidInput(
+                f"the answer would hold {tokens} token vectors of {size} floats ({tokens * size:,} floats), more than "
+                f"the limit of {EMBED_ALL_MAX_VALUES:,} per request; send fewer or shorter inputs"
+            )
+
+    def _postprocess(
+        self, request: EmbedInput | EmbedAllInput, features: Sequence[Feature], outputs: list[dict]
+    ) -> dict:
+        if isinstance(request, EmbedAllInput):
+            # each row is its text's own positions already (the batcher cuts sequence outputs to their lengths)
+            return {
+                feature.request_index: {
+                    "token_embeddings": np.ascontiguousarray(output[TOKEN_EMBEDDINGS], dtype=np.float32),
+                    "tokens": len(feature),
+                }
+                for feature, output in zip(features, outputs, strict=True)
+            }
         pooled = [output["pooled_embedding"] for output in outputs]
         if pooled:
             self.vector_size = int(np.shape(pooled[0])[-1])

@@ -197,12 +197,13 @@ class GrpcFrontDoor:
             ("grpc.server_handshake_timeout_ms", int(settings.header_timeout_s * 1000)),
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)
+        embedder = EmbedderServicer(engine)
         server.add_generic_rpc_handlers(
             (
                 _bert("Classifier", {"Classify": ClassifierServicer(engine).Classify}),
                 _bert("QA", {"Extract": QAServicer(engine).Extract}),
                 _bert("NER", {"Recognize": NERServicer(engine).Recognize}),
-                _bert("Embedder", {"Embed": EmbedderServicer(engine).Embed}),
+                _bert("Embedder", {"Embed": embedder.Embed, "EmbedAll": embedder.EmbedAll}),
                 _bert("FillMask", {"Fill": FillMaskServicer(engine).Fill}),
                 _bert("Reranker", {"Rerank": RerankerServicer(engine).Rerank}),
                 _bert("Models", {"List": ModelsServicer(engine).List}),

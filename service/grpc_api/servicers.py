@@ -15,10 +15,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
+import numpy as np
 
 from bert_model.tasks.defaults import AGGREGATION_STRATEGIES
 from service.engine.engine import Engine, Outcome
-from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput, RerankInput
+from service.engine.inputs import (
+    ClassifyInput,
+    EmbedAllInput,
+    EmbedInput,
+    FillMaskInput,
+    NERInput,
+    QAInput,
+    RerankInput,
+)
 from service.error_messages import clip_message
 from service.errors import Internal, InvalidInput, ServiceError, grpc_status
 from service.grpc_api.stubs import bert_pb2 as pb
@@ -201,6 +210,39 @@ class EmbedderServicer(_Base, pb_grpc.EmbedderServicer):
             model=outcome.model,
             embeddings=[pb.Embedding(values=r["embedding"], tokens=r["tokens"]) for r in outcome.results],
         )
+
+    async def EmbedAll(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(timeout: float | None) -> Outcome:
+            task_input = EmbedAllInput(texts=list(request.texts), **_given(request, "truncate"))
+            return await self.engine.submit(task_input, model=request.model or None, timeout_s=timeout, field="texts")
+
+        outcome = await self._call(context, "/bert.v1.Embedder/EmbedAll", run)
+        results = [_token_embeddings(result["token_embeddings"]) for result in outcome.results]
+        return pb.EmbedAllResponse(model=outcome.model, results=results)
+
+
+_PACKED_VALUES_TAG = bytes([1 << 3 | 2])
+"""The key of TokenEmbeddings' field 1 (`values`) packed: field number 1, wire type 2 (length-delimited)."""
+
+
+def _token_embeddings(array: np.ndarray) -> Any:
+    """A (tokens, dimensions) float array as a TokenEmbeddings message, parsed from its wire form: packed `values`
+    are the little-endian float32 bytes, so the message costs a copy of the array, where filling the repeated field
+    from it would make a Python float of every element, on the event loop."""
+    data = np.ascontiguousarray(array, dtype="<f4").tobytes()
+    message = pb.TokenEmbeddings.FromString(_PACKED_VALUES_TAG + _varint(len(data)) + data)
+    message.tokens, message.dimensions = array.shape
+    return message
+
+
+def _varint(value: int) -> bytes:
+    """`value` (>= 0) as a protobuf base-128 varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 class FillMaskServicer(_Base, pb_grpc.FillMaskServicer):

@@ -1,5 +1,6 @@
-"""REST routes of the encoder tasks: `POST /embed` (text-embeddings-inference's body and answer) and `POST /fill-mask`
-(Hugging Face's fill-mask pipeline); bodies in `service.http_api.encoder_schemas`. OpenAI's `/v1/embeddings` is in
+"""REST routes of the encoder tasks: `POST /embed` and `POST /embed_all` (text-embeddings-inference's bodies and
+answers: sentence vectors, every token's vector) and `POST /fill-mask` (Hugging Face's fill-mask pipeline); bodies in
+`service.http_api.encoder_schemas`. OpenAI's `/v1/embeddings` is in
 `service.http_api.openai_routes`.
 
 Like the task routes, each builds a task input, submits it to the one engine (batcher, limits, errors,
@@ -15,19 +16,20 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from service.engine.engine import Engine, Outcome
-from service.engine.inputs import EmbedInput, FillMaskInput
+from service.engine.inputs import EmbedAllInput, EmbedInput, FillMaskInput
 from service.http_api.encoder_schemas import (
+    EmbedAllRequest,
     EmbedRequest,
     FillMaskRequest,
     FillMaskResult,
 )
-from service.http_api.rendering import task_response
+from service.http_api.rendering import arrays_response, task_response
 
 
 def add_encoder_routes(
     app: FastAPI, responses: dict[int | str, dict[str, Any]], timeout: Callable[[Request], float | None]
 ) -> None:
-    """Add the three routes, with the task routes' error `responses` and `timeout`."""
+    """Add the routes, with the task routes' error `responses` and `timeout`."""
     common: dict[str, Any] = {"responses": responses, "tags": ["encoder"]}
 
     @app.post("/embed", response_model=list[list[float]], **common)
@@ -35,6 +37,15 @@ def add_encoder_routes(
         """Embed texts (text-embeddings-inference's /embed): one vector per input, also for a single text."""
         outcome = await _embed(request, body.inputs, body.normalize, body.dimensions, body.truncate, body.model)
         return task_response([result["embedding"] for result in outcome.results], outcome)
+
+    @app.post("/embed_all", response_model=list[list[list[float]]], **common)
+    async def embed_all(body: EmbedAllRequest, request: Request) -> Any:
+        """Every token's vector (special tokens included), per input, also for one text (TEI's /embed_all)."""
+        engine = _engine(request)
+        texts = [body.inputs] if isinstance(body.inputs, str) else list(body.inputs)
+        task_input = EmbedAllInput(texts=texts, truncate=body.truncate)
+        outcome = await engine.submit(task_input, model=body.model, timeout_s=timeout(request))
+        return await arrays_response(engine, [result["token_embeddings"] for result in outcome.results], outcome)
 
     @app.post(
         "/fill-mask",

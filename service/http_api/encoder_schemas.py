@@ -4,6 +4,9 @@
   `inputs` a text or a list, `normalize` (default true), `truncate`, `truncation_direction` ("right" only:
   cuts keep the start), `prompt_name` (null only: no prompts are configured), `dimensions`; the answer is a
   list of vectors, one per input, also for a single text.
+- `POST /embed_all` speaks text-embeddings-inference's too: `inputs`, `truncate`, `truncation_direction`,
+  `prompt_name` as `/embed` takes them; the answer is, per input, the vector of each of its tokens (special tokens
+  included), a list per input also for a single text.
 - `POST /v1/embeddings` speaks OpenAI's (https://platform.openai.com/docs/api-reference/embeddings): `input`
   a text or a list of texts (token-id arrays are refused), `model`, `encoding_format` float | base64 (the
   little-endian float32 bytes, as OpenAI sends them), `dimensions`, `user` (ignored); the answer is
@@ -57,6 +60,23 @@ class EmbedRequest(_Body):
     )
     prompt_name: None = Field(None, description="No prompts are configured on this server: null only.")
     dimensions: Annotated[StrictInt, Field(ge=1), INTEGRAL] | None = DIMENSIONS_FIELD
+    model: StrictStr | None = _model_field(EMBED_MODEL_EXAMPLE)
+
+
+class EmbedAllRequest(_Body):
+    """Every token's vector of a text or of each text in a list (text-embeddings-inference's `/embed_all` body)."""
+
+    model_config = _Body.model_config | {
+        "json_schema_extra": {
+            "examples": [{"inputs": "What is Deep Learning?"}, {"inputs": ["a gripping film", "a tedious mess"]}]
+        }
+    }
+    inputs: Text | Annotated[list[Text], AT_LEAST_ONE] = Field(..., description="A text or a list of texts.")
+    truncate: StrictBool | None = TRUNCATE_FIELD
+    truncation_direction: TruncationDirection = Field(
+        "right", description="Which end a cut removes: the right (the text's start is kept)."
+    )
+    prompt_name: None = Field(None, description="No prompts are configured on this server: null only.")
     model: StrictStr | None = _model_field(EMBED_MODEL_EXAMPLE)
 
 

@@ -15,6 +15,10 @@ in the shapes `huggingface_hub.InferenceClient` parses, per the named model's ta
 `POST /` answers the same way when the request can only mean one served model: the only one loaded, or the one
 default model whose task the body's shape names (`{question, context}`: QA; `{source_sentence, sentences}`: the
 embedding model). A parameter a task does not take is refused with a 422 that names it and the ones it takes.
+`POST /` is also text-embeddings-inference's root, which answers with the served model's route: its `/embed` and
+`/predict` bodies are this shape's feature-extraction and text-classification ones (`inputs` and root options), and
+its `/rerank` body (`{query, texts, ...}`, no `inputs`) is answered as `/rerank` answers it, by the rerank model it
+names or the default one.
 Errors are the service's (`{"error": {code, message}}`); admission, the API key and the limits are those of every
 route (the door sees every request before this module does).
 Reference: https://huggingface.co/docs/inference-providers/tasks
@@ -28,12 +32,13 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, JsonValue, StrictBool, StrictInt, StrictStr, Tag
 
 from service.engine.engine import Engine, LoadedModel, Outcome
 from service.engine.inputs import ClassifyInput, EmbedInput, FillMaskInput, NERInput, QAInput
 from service.errors import InvalidInput, UnknownModel
 from service.http_api.rendering import task_response
+from service.http_api.rerank_routes import TeiRerankRequest, tei_rerank
 from service.http_api.schemas import INTEGRAL, TruncationDirection
 
 Timeout = Callable[[Request], float | None]
@@ -55,6 +60,20 @@ class HFRequest(BaseModel):
     dimensions: Annotated[StrictInt, Field(ge=1), INTEGRAL] | None = None
     encoding_format: StrictStr | None = None
 
+
+def _root_shape(body: Any) -> str:
+    """Which body `POST /` was sent: TEI's rerank body has a `query` and no `inputs`; any other is the Inference
+    API's, so that a malformed body's errors name the fields of one shape, not of both."""
+    if isinstance(body, dict):
+        return "tei-rerank" if "query" in body and "inputs" not in body else "inference-api"
+    return "tei-rerank" if isinstance(body, TeiRerankRequest) else "inference-api"
+
+
+RootRequest = Annotated[
+    Annotated[HFRequest, Tag("inference-api")] | Annotated[TeiRerankRequest, Tag("tei-rerank")],
+    Discriminator(_root_shape),
+]
+"""`POST /`'s body: the Inference API's, or text-embeddings-inference's rerank body (no field in common)."""
 
 ROOT_OPTIONS = ("normalize", "truncate", "truncation_direction", "prompt_name", "dimensions", "encoding_format")
 TASK_PARAMETERS: dict[str, tuple[str, ...]] = {
@@ -80,9 +99,12 @@ def add_hf_routes(app: FastAPI, responses: dict[int | str, dict[str, Any]], time
         return await run_hf(engine, model, body, timeout(request))
 
     @app.post("/", **common)
-    async def hf_root(body: HFRequest, request: Request) -> Any:
-        """The Inference API shape without a model name: for the one model the request can mean."""
+    async def hf_root(body: RootRequest, request: Request) -> Any:
+        """The Inference API shape without a model name, for the one model the request can mean; TEI's rerank body
+        for the rerank model (as `/rerank`)."""
         engine = _engine(request)
+        if isinstance(body, TeiRerankRequest):
+            return await tei_rerank(engine, body, timeout(request))
         return await run_hf(engine, only_model(engine, body.inputs), body, timeout(request))
 
 
@@ -114,6 +136,11 @@ async def run_hf(engine: Engine, model: LoadedModel, body: HFRequest, timeout_s:
     parameters = {**{k: getattr(body, k) for k in ROOT_OPTIONS if getattr(body, k) is not None}, **body.parameters}
     if task == "embed" and isinstance(body.inputs, dict):
         return await _similarity(engine, model, body.inputs, parameters, timeout_s)
+    if task == "rerank":
+        raise InvalidInput(
+            f"model {model.name!r} ranks passages: send text-embeddings-inference's rerank body {{query, texts}} "
+            "(to POST / or /rerank)"
+        )
     if task not in HANDLERS:
         raise InvalidInput(f"model {model.name!r} serves {task}, which this API shape does not cover")
     _check_parameters(task, parameters)

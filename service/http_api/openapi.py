@@ -7,8 +7,10 @@ characters. Once the models are loaded: each task request's `model` lists the lo
 that takes any model (`/tokenize`, `/decode`) is one of the loaded ones, token ids stay below every loaded
 vocabulary, `dimensions` within every embedding size, fill-mask texts hold a mask token, QA's `doc_stride`
 stays below the context tokens of every loaded QA model's windows, and the routes of a task without a loaded
-model (they answer 422 "no ... model is loaded") are left out. Before that the schema holds for any model
-(`model`: any name, an example per route).
+model (they answer 422 "no ... model is loaded") are left out, as is a body of such a task that a route takes
+beside another (`POST /`: TEI's rerank body). `/embed_all` names the embedding models whose bundles put out token
+embeddings, and is left out when the default one's does not (a bundle exported before them answers 422). Before
+that the schema holds for any model (`model`: any name, an example per route).
 Reference: https://fastapi.tiangolo.com/how-to/extending-openapi/
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from service.engine.pipelines import TOKEN_EMBEDDINGS
 from service.settings import ServiceSettings
 
 REQUEST_TASKS = {
@@ -29,6 +32,7 @@ REQUEST_TASKS = {
     "QARequest": "qa",
     "NERRequest": "ner",
     "EmbedRequest": "embed",
+    "EmbedAllRequest": "embed",
     "OpenAIEmbeddingsRequest": "embed",
     "FillMaskRequest": "fill-mask",
     "PredictRequest": "classify",
@@ -58,6 +62,8 @@ class ServedModels:
     """Each embedding model's vector size (once its warm-up has read it)."""
     mask_tokens: list[str]
     """Each fill-mask model's mask token."""
+    token_embedding_models: list[str]
+    """The embedding models whose bundles put out token embeddings (`/embed_all`)."""
 
 
 def describe_server(app: FastAPI) -> None:
@@ -120,6 +126,9 @@ def served_models(engine: Any) -> ServedModels:
             size for model in models if (size := getattr(model.pipeline, "vector_size", None)) is not None
         ],
         mask_tokens=[model.pipeline.mask_token for model in models if model.bundle.task == "fill-mask"],
+        token_embedding_models=[
+            model.name for model in models if TOKEN_EMBEDDINGS in model.bundle.manifest.on_request_outputs
+        ],
     )
 
 
@@ -130,6 +139,7 @@ def with_models(schema: dict[str, Any], served: ServedModels) -> dict[str, Any]:
     components = schema.get("components", {}).get("schemas", {})
     _name_models(components, served.entries)
     _name_paths(schema.get("paths", {}), served.entries)
+    _name_token_embedding_models(schema, served)
     ids = components.get("DecodeRequest", {}).get("properties", {}).get("ids")
     if ids is not None and served.vocab_sizes:
         _set_maximum(ids, min(served.vocab_sizes) - 1)
@@ -167,7 +177,8 @@ def _name_models(components: dict[str, Any], models: list[dict[str, Any]]) -> No
 
 
 def _name_paths(paths: dict[str, Any], models: list[dict[str, Any]]) -> None:
-    """Drop the routes of tasks no loaded model serves; a model in a path is a loaded one."""
+    """Drop the routes of tasks no loaded model serves, and the bodies of such tasks from a route that takes one of
+    several; a model in a path is a loaded one."""
     served_tasks = {model["task"] for model in models}
     every_name = [model["name"] for model in models]
     for path, operations in list(paths.items()):
@@ -175,10 +186,39 @@ def _name_paths(paths: dict[str, Any], models: list[dict[str, Any]]) -> None:
         if request in REQUEST_TASKS and REQUEST_TASKS[request] not in served_tasks:
             del paths[path]
             continue
+        _drop_unserved_bodies(operations.get("post", {}), served_tasks)
         for operation in operations.values():
             for parameter in operation.get("parameters", []):
                 if parameter.get("in") == "path" and parameter.get("name") in MODEL_PATH_PARAMETERS and every_name:
                     parameter["schema"] = {**parameter["schema"], "enum": every_name}
+
+
+def _drop_unserved_bodies(operation: dict[str, Any], served_tasks: set[str]) -> None:
+    """Of a JSON body that is one of several schemas, drop those of tasks no loaded model serves."""
+    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+    choices = body.get("schema", {}).get("oneOf")
+    if not choices:
+        return
+    tasks = [REQUEST_TASKS.get(str(choice.get("$ref", "")).rpartition("/")[2]) for choice in choices]
+    kept = [choice for choice, task in zip(choices, tasks, strict=True) if task is None or task in served_tasks]
+    if kept and len(kept) < len(choices):
+        body["schema"] = kept[0] if len(kept) == 1 else {**body["schema"], "oneOf": kept}
+
+
+def _name_token_embedding_models(schema: dict[str, Any], served: ServedModels) -> None:
+    """`/embed_all`'s `model`: the embedding models with token embeddings, and "" (the default) when the default
+    embedding model has them; without that, the route is left out."""
+    paths = schema.get("paths", {})
+    default = next((m["name"] for m in served.entries if m["task"] == "embed" and m["is_default"]), None)
+    for path, operations in list(paths.items()):
+        if _request_schema(operations.get("post", {})) != "EmbedAllRequest":
+            continue
+        if default not in served.token_embedding_models:
+            del paths[path]
+            continue
+        properties = schema["components"]["schemas"]["EmbedAllRequest"]["properties"]
+        names = [*served.token_embedding_models, ""]
+        properties["model"]["anyOf"] = [{"type": "string", "enum": names}, {"type": "null"}]
 
 
 def _set_maximum(field: dict[str, Any], maximum: int) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from service.engine.engine import Engine
@@ -105,14 +106,7 @@ def add_rerank_routes(app: FastAPI, responses: dict[int | str, dict[str, Any]], 
     @app.post("/rerank", response_model=list[Rank], **common)
     async def rerank(body: TeiRerankRequest, request: Request) -> Any:
         """Rank passages for a query with a cross-encoder: `[{index, score, text?}]`, best first."""
-        task_input = RerankInput(
-            query=body.query, texts=list(body.texts), raw_scores=body.raw_scores, truncate=body.truncate
-        )
-        outcome = await _engine(request).submit(task_input, model=body.model, timeout_s=timeout(request), field="texts")
-        ranks = outcome.results[0]["ranks"]
-        if body.return_text:
-            ranks = [{**rank, "text": body.texts[rank["index"]]} for rank in ranks]
-        return task_response(ranks, outcome)
+        return await tei_rerank(_engine(request), body, timeout(request))
 
     @app.post("/v1/rerank", response_model=CohereRerankResponse, **common)
     async def cohere_rerank(body: CohereRerankRequest, request: Request) -> Any:
@@ -130,6 +124,18 @@ def add_rerank_routes(app: FastAPI, responses: dict[int | str, dict[str, Any]], 
         ]
         usage = {"total_tokens": ranking["tokens"]}
         return task_response({"model": outcome.model, "results": results, "usage": usage}, outcome)
+
+
+async def tei_rerank(engine: Engine, body: TeiRerankRequest, timeout_s: float | None) -> Response:
+    """TEI's rerank answer to `body` (`/rerank`, and `POST /` with TEI's rerank body): the named or default rerank
+    model's ranking, `[{index, score, text?}]`, best first."""
+    texts = list(body.texts)
+    task_input = RerankInput(query=body.query, texts=texts, raw_scores=body.raw_scores, truncate=body.truncate)
+    outcome = await engine.submit(task_input, model=body.model, timeout_s=timeout_s, field="texts")
+    ranks = outcome.results[0]["ranks"]
+    if body.return_text:
+        ranks = [{**rank, "text": body.texts[rank["index"]]} for rank in ranks]
+    return task_response(ranks, outcome)
 
 
 def _engine(request: Request) -> Engine:

@@ -93,7 +93,7 @@ def test_embed_bundle_states_pooling_normalization_and_its_source(tmp_path: Path
     assert manifest.max_seq_length == 64  # sentence_bert_config.json's, the length the model is used with
     assert manifest.source["task_settings_source"] == "modules.json + 1_Pooling/config.json"
     assert manifest.source["guard_inputs"]["settings"]["pooling"] == "cls"
-    assert manifest.outputs == ["pooled_embedding", "normalized_embedding"]
+    assert manifest.outputs == ["pooled_embedding", "normalized_embedding", "token_embeddings"]
     assert_graph_pools(result.path, folder, "cls")
     plain = build_bundle(tiny_encoder(tmp_path / "plain"), tmp_path / "plain-bundle", data_dir=tmp_path, **FAST)
     assert plain.manifest.task_settings == {"pooling": "mean", "normalize": False}
@@ -107,17 +107,20 @@ def encoder_batch(tokenizer: BertTokenizer) -> dict[str, np.ndarray]:
 
 def assert_graph_pools(bundle: Path, folder: Path, pooling: str) -> None:
     """The bundle's graph outputs the (B, H) sentence vectors that `bert_model.tasks.embeddings.pool` makes of
-    the encoder's token states, and their `l2_normalize`d copies (what the service computed from
-    `last_hidden_state` before)."""
+    the encoder's token states, their `l2_normalize`d copies (what the service computed from `last_hidden_state`
+    before), and the token states themselves, (B, S, H)."""
     tokenizer = BertTokenizer.from_pretrained(bundle / "tokenizer")
     batch = encoder_batch(tokenizer)
     session = ort.InferenceSession(str(bundle / "cpu-fp32.onnx"), providers=["CPUExecutionProvider"])
-    pooled, normalized = session.run(["pooled_embedding", "normalized_embedding"], batch)
+    pooled, normalized, tokens = session.run(["pooled_embedding", "normalized_embedding", "token_embeddings"], batch)
     with torch.inference_mode():
         states = BertModel.from_pretrained(folder)(**{k: torch.from_numpy(v) for k, v in batch.items()})
     expected = pool(states.last_hidden_state.numpy(), batch["attention_mask"], pooling)
     assert pooled.shape == normalized.shape == (3, 32) and np.abs(pooled - expected).max() <= 1e-5
     assert np.abs(normalized - l2_normalize(expected)).max() <= 1e-6
+    real = batch["attention_mask"].astype(bool)  # padded positions carry no answer
+    assert tokens.shape == (*batch["input_ids"].shape, 32)
+    assert np.abs(tokens[real] - states.last_hidden_state.numpy()[real]).max() <= 1e-5
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
@@ -127,8 +130,11 @@ def test_export_wrapper_pools_as_the_reference(pooling: str) -> None:
     ids = torch.randint(5, 99, (3, 7))
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1, 1] + [0] * 5])
     with torch.inference_mode():
-        pooled, normalized = ExportWrapper(model, "embed", GraphOptions(pooling))(ids, mask, torch.zeros_like(ids))
+        pooled, normalized, tokens = ExportWrapper(model, "embed", GraphOptions(pooling))(
+            ids, mask, torch.zeros_like(ids)
+        )
         states = model(ids, mask, torch.zeros_like(ids)).last_hidden_state.numpy()
+    np.testing.assert_array_equal(tokens.numpy(), states)  # the token states, as the encoder computes them
     expected = pool(states, mask.numpy(), pooling)
     np.testing.assert_allclose(pooled.numpy(), expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(normalized.numpy(), l2_normalize(expected), rtol=1e-6, atol=1e-7)

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from tests.service.server import ServerProcess, serving
-from tests.service.tiny_bundles import build_all, build_encoders, build_tiny_bundle
+from tests.service.tiny_bundles import (
+    as_earlier_embed_bundle,
+    build_all,
+    build_encoders,
+    build_tiny_bundle,
+    export_tiny_encoder,
+)
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +29,19 @@ def encoder_bundles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     """task -> bundle folder of a tiny random encoder model (embed, fill-mask)."""
     pytest.importorskip("torch", reason="building test bundles needs torch (the service itself does not)")
     return build_encoders(tmp_path_factory.mktemp("encoder-bundles"))
+
+
+@pytest.fixture(scope="session")
+def exported_embed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(Hugging Face folder, bundle) of a tiny random encoder exported through `bertserve export`'s build_bundle."""
+    pytest.importorskip("torch", reason="building test bundles needs torch (the service itself does not)")
+    return export_tiny_encoder(tmp_path_factory.mktemp("exported-embed"))
+
+
+@pytest.fixture(scope="session")
+def earlier_embed_bundle(exported_embed: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """That bundle as an earlier build wrote it: sentence vectors only, no token states."""
+    return as_earlier_embed_bundle(exported_embed[1], tmp_path_factory.mktemp("earlier-embed"))
 
 
 @pytest.fixture(scope="session")

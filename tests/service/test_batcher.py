@@ -590,3 +590,38 @@ def test_cheapest_run_cuts_where_padding_costs_more_than_a_call() -> None:
     assert dear._cheapest_run(lengths, 0, 8 * 12) == (0, 4)  # 5 rows x 12 <= 96 < 6 x 40
     with pytest.raises(ValueError, match="call_overhead_tokens"):
         BatchConfig(call_overhead_tokens=-1)
+
+
+def test_extra_outputs_are_fetched_only_for_the_batches_that_ask_for_them() -> None:
+    """A request asking for an output beyond the model's usual ones gets it, cut to each input's tokens, from the
+    batch it shares with a request that did not ask (which gets the usual ones only); a batch without such a
+    request does not ask the backend for it."""
+    asked: list[tuple[str, ...]] = []
+
+    async def backend(arrays: dict[str, np.ndarray], extra_outputs: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+        asked.append(tuple(extra_outputs))
+        ids = arrays["input_ids"].astype(np.float64)
+        outputs = {"logits": ids.sum(axis=1, keepdims=True)}
+        if "states" in extra_outputs:
+            outputs["states"] = ids[:, :, None] * np.ones((1, 1, 3))
+        return outputs
+
+    async def go() -> tuple[object, object, object]:
+        config = BatchConfig(max_batch_size=8, max_wait_s=0.02, call_overhead_tokens=10_000)
+        batcher = Batcher("m", backend, config, output_names=("logits",), sequence_outputs=("states",))
+        await batcher.start()
+        deadline = time.perf_counter() + 10
+        plain, extra = await asyncio.gather(
+            batcher.submit([feat(5)], deadline),
+            batcher.submit([feat(3, 1), feat(7, 2)], deadline, extra_outputs=("states",)),
+        )
+        later = await batcher.submit([feat(4, 3)], deadline)
+        await batcher.close()
+        return plain, extra, later
+
+    plain, extra, later = run(go())
+    assert asked == [("states",), ()]  # one batch of both requests, then one of the later request alone
+    assert [set(out) for out in plain.outputs + later.outputs] == [{"logits"}, {"logits"}]  # type: ignore[attr-defined]
+    states = [out["states"] for out in extra.outputs]  # type: ignore[attr-defined]
+    assert [s.shape for s in states] == [(3, 3), (7, 3)]  # each input's own tokens, not the batch's padded width
+    np.testing.assert_array_equal(states[1][:, 0], feat(7, 2).input_ids)

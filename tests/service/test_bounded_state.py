@@ -69,6 +69,8 @@ def _rest(client: httpx.Client, value: int) -> set[int]:
         ),
         ("/v1/embeddings", {"input": "a text", "dimensions": 1 + value % EMBED_SIZE}),
         ("/embed", {"inputs": "x", "dimensions": EMBED_SIZE + 1 + value}),  # over the embedding size: 422
+        ("/embed_all", {"inputs": ["one text", f"another {value}"], "truncate": value % 2 == 0}),
+        ("/embed_all", {"inputs": "x", "model": f"tiny-embed-{value}"}),  # unknown: 422
         ("/fill-mask", {"inputs": "The mill stood by the [MASK].", "top_k": 1 + value % 100}),
         ("/classify", {"inputs": "text", "model": f"no-such-model-{value}"}),
         ("/qa", {"question": "q", "context": "c", "model": f"tiny-qa-{value}"}),
@@ -118,6 +120,7 @@ def _grpc(channel: grpc.Channel, value: int) -> set[grpc.StatusCode]:
             pb.RecognizeRequest(texts=["Ada in London"], aggregation_strategy=value % 6),
         ),
         (pb_grpc.EmbedderStub(channel).Embed, pb.EmbedRequest(texts=["a text"], dimensions=1 + value % EMBED_SIZE)),
+        (pb_grpc.EmbedderStub(channel).EmbedAll, pb.EmbedAllRequest(texts=[f"a text {value}"], truncate=True)),
         (pb_grpc.FillMaskStub(channel).Fill, pb.FillRequest(texts=["The [MASK] mill."], top_k=1 + value % 100)),
         (
             pb_grpc.ClassifierStub(channel).Classify,

@@ -29,10 +29,13 @@ CONTEXT = "My name is Wolfgang and I live in Berlin, where the river Spree flows
 
 @pytest.fixture(scope="module")
 def every_task(
-    tiny_bundles: dict[str, Path], encoder_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+    tiny_bundles: dict[str, Path],
+    encoder_bundles: dict[str, Path],
+    rerank_bundle: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("clients") / "server.log"
-    with serving([*tiny_bundles.values(), *encoder_bundles.values()], log) as server:
+    with serving([*tiny_bundles.values(), *encoder_bundles.values(), rerank_bundle], log) as server:
         yield server
 
 
@@ -80,6 +83,14 @@ def test_inference_api_shape_refuses_unknown_parameters_by_name(rest: httpx.Clie
     assert several.status_code == 422 and "/models/" in several.json()["error"]["message"]
     qa = rest.post("/", json={"inputs": {"question": "Where?", "context": CONTEXT}, "parameters": {}})
     assert qa.status_code == 200 and qa.json()["answer"]  # the body's shape names the task
+    # text-embeddings-inference's rerank body names the task too: the default rerank model answers as /rerank
+    body = {"query": "Where do I live?", "texts": [CONTEXT, "Stocks fell."], "return_text": True}
+    ranked = rest.post("/", json=body)
+    assert ranked.status_code == 200 and ranked.headers["x-model"] == "tiny-rerank"
+    assert ranked.json() == rest.post("/rerank", json=body).json()
+    assert {rank["text"] for rank in ranked.json()} == set(body["texts"])
+    mixed = rest.post("/", json={"query": "q", "texts": ["t"], "parameters": {}})  # neither body: names the fields
+    assert mixed.status_code == 422 and "parameters" in mixed.json()["error"]["message"]
 
 
 # ---- OpenAI's client ---------------------------------------------------------------------------------------

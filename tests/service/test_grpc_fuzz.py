@@ -60,7 +60,7 @@ class Rpc:
 
 
 INPUTS = {"ClassifyRequest": "inputs", "ExtractRequest": "inputs", "RecognizeRequest": "texts"}
-INPUTS |= {"EmbedRequest": "texts", "FillRequest": "texts", "RerankRequest": "texts"}
+INPUTS |= {"EmbedRequest": "texts", "EmbedAllRequest": "texts", "FillRequest": "texts", "RerankRequest": "texts"}
 RESULTS = {"EmbedResponse": "embeddings", "RerankResponse": "ranks"}
 
 
@@ -365,6 +365,11 @@ VALID: dict[str, Callable[[], st.SearchStrategy[Any]]] = {
             normalize=st.booleans(), dimensions=st.integers(0, 32), model=st.just("tiny-embed"), truncate=TRUNCATE
         ),
     ),
+    "EmbedAll": lambda: st.builds(
+        lambda texts, given: pb.EmbedAllRequest(texts=texts, **given),
+        _inputs(_non_blank(80)),
+        _options(model=st.sampled_from(["", "tiny-embed"]), truncate=TRUNCATE),
+    ),
     "Fill": lambda: st.builds(
         lambda texts, given: pb.FillRequest(texts=texts, **given),
         _inputs(_masked()),
@@ -453,6 +458,7 @@ BASE: dict[str, Any] = {
     "Extract": pb.ExtractRequest(inputs=[pb.QAInput(question="who?", context="Ada wrote it.")]),
     "Recognize": pb.RecognizeRequest(texts=["Ada went to London."]),
     "Embed": pb.EmbedRequest(texts=["a sentence"]),
+    "EmbedAll": pb.EmbedAllRequest(texts=["a sentence"]),
     "Fill": pb.FillRequest(texts=["a [MASK] film"], targets=["good"]),
     "Rerank": pb.RerankRequest(query="which film?", texts=["a fine film", "a river"]),
     "List": pb.ListModelsRequest(),

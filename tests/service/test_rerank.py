@@ -69,6 +69,21 @@ def test_the_three_shapes_rank_alike_and_batching_is_invisible(reranker: ServerP
     assert [rank.index for rank in reply.ranks] == [rank["index"] for rank in tei]
 
 
+def test_teis_root_takes_the_rerank_body_of_its_only_model(reranker: ServerProcess) -> None:
+    """text-embeddings-inference answers `POST /` by its model's kind: a reranker's body there answers as `/rerank`
+    does; an Inference API body for this model says which body to send."""
+    with httpx.Client(base_url=reranker.url, timeout=30) as client:
+        body = {"query": QUERY, "texts": PASSAGES, "return_text": True, "raw_scores": True}
+        root = client.post("/", json=body)
+        assert root.status_code == 200, root.text
+        assert root.json() == client.post("/rerank", json=body).json()
+        assert root.headers["x-model"] == "tiny-rerank"
+        refused = client.post("/", json={"query": QUERY, "texts": []})
+        assert refused.status_code == 422 and "texts" in refused.json()["error"]["message"]
+        other = client.post("/", json={"inputs": QUERY, "parameters": {}})
+        assert other.status_code == 422 and "{query, texts}" in other.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [

@@ -1,8 +1,9 @@
-"""The encoder tasks through a real Triton server: embed graphs (pooled and normalized vectors, B x H) and fill-mask
-graphs (logits at the mask tokens, B x M x V) in the model repository the export step writes, served by our service
-with `--backend triton`, answer as the in-process ONNX Runtime backend does on the same bundles. A request of more
-texts than the model's max_batch_size is split into calls whose most masks per row differ: the backend joins them
-with filler rows. Needs the Triton venv (`make triton-venv`); skipped with the reason otherwise (test_triton.py).
+"""The encoder tasks through a real Triton server: embed graphs (pooled and normalized vectors, B x H, and the token
+states B x S x H when a request asks for them) and fill-mask graphs (logits at the mask tokens, B x M x V) in the
+model repository the export step writes, served by our service with `--backend triton`, answer as the in-process ONNX
+Runtime backend does on the same bundles. A request of more texts than the model's max_batch_size is split into calls
+whose most masks per row differ: the backend joins them with filler rows. Needs the Triton venv
+(`make triton-venv`); skipped with the reason otherwise (test_triton.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ def test_embed_through_triton_answers_like_onnx_runtime(servers: tuple[ServerPro
         _assert_close(got, expected)
     got, expected = _post_both(servers, "/v1/embeddings", {"input": texts[:2], "model": "tiny-embed"})
     _assert_close(got["data"], expected["data"])  # type: ignore[index]
+
+
+def test_token_embeddings_through_triton_answer_like_onnx_runtime(
+    servers: tuple[ServerProcess, ServerProcess],  # noqa: F811
+) -> None:
+    """The graph's token states, an output the Triton config declares and each call asks for only when a request
+    needs them: a request of more texts than max_batch_size is split into calls and joined row by row."""
+    texts = [f"sentence {i} " + "word " * (i % 7) for i in range(MAX_ROWS + 8)]
+    got, expected = _post_both(servers, "/embed_all", {"inputs": texts})
+    assert [len(vectors) for vectors in got] == [len(vectors) for vectors in expected]  # type: ignore[arg-type]
+    _assert_close(got, expected)
 
 
 def test_fill_mask_through_triton_answers_like_onnx_runtime(servers: tuple[ServerProcess, ServerProcess]) -> None:  # noqa: F811

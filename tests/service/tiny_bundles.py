@@ -67,7 +67,7 @@ def build_tiny_bundle(out_dir: Path, task: str, name: str | None = None, seed: i
         max_seq_length=MAX_SEQ_LENGTH,
         labels=labels or ["x"],
         variants={"v": VariantSpec("v.onnx", "CPUExecutionProvider", "fp32")},
-    ).output_names
+    ).outputs  # every output of the graph (an embed graph's token states too)
 
     class Wrapper(torch.nn.Module):
         def __init__(self) -> None:
@@ -110,6 +110,59 @@ def _encoder_wrapper(model, task: str, mask_id: int):  # type: ignore[no-untyped
     from export.wrapper import ExportWrapper, GraphOptions
 
     return ExportWrapper(model, task, GraphOptions(pooling="mean", mask_token_id=mask_id)).eval()
+
+
+EXPORTED_EMBED_NAME = "tiny-embed-exported"
+EARLIER_EMBED_NAME = "tiny-embed-earlier"
+
+
+def export_tiny_encoder(out_dir: Path, seed: int = 0) -> tuple[Path, Path]:
+    """A tiny random BERT encoder over MiniLM's vocabulary saved as a Hugging Face folder (`transformers` loads it),
+    and its bundle as `bertserve export` writes it (cpu-fp32, guarded on built-in sentences): (folder, bundle)."""
+    import torch
+
+    from bert_model.config import BertConfig
+    from bert_model.modeling import BertModel
+    from bert_model.tokenization import BertTokenizer
+    from export.bundle import build_bundle
+
+    torch.manual_seed(seed)
+    tokenizer = BertTokenizer.from_pretrained("minilm")
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=MAX_SEQ_LENGTH,
+    )
+    folder = out_dir / "tiny-encoder"
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save(folder)
+    bundle = out_dir / EXPORTED_EMBED_NAME
+    build_bundle(folder, bundle, variants="cpu-fp32", data_dir=out_dir / "no-data")
+    return folder, bundle
+
+
+def as_earlier_embed_bundle(bundle: Path, out_dir: Path) -> Path:
+    """A copy of embed bundle `bundle` as an earlier build exported it: its graph puts out the sentence vectors only
+    (no token states) and its manifest lists those two outputs."""
+    import json
+    import shutil
+
+    import onnx
+
+    copy = out_dir / EARLIER_EMBED_NAME
+    shutil.copytree(bundle, copy)
+    graph = onnx.load(str(copy / "cpu-fp32.onnx"))
+    kept = [output for output in graph.graph.output if output.name != "token_embeddings"]
+    del graph.graph.output[:]
+    graph.graph.output.extend(kept)
+    onnx.save(graph, str(copy / "cpu-fp32.onnx"))
+    data = json.loads((copy / "manifest.json").read_text())
+    data.update(name=EARLIER_EMBED_NAME, outputs=["pooled_embedding", "normalized_embedding"])
+    (copy / "manifest.json").write_text(json.dumps(data))
+    return copy
 
 
 def build_all(out_dir: Path) -> dict[str, Path]:

@@ -87,3 +87,18 @@ def test_minilm_squad_answers_a_simple_question() -> None:
     )
     ((answer, *_),) = qa_postprocess(features, rows["start_logits"], rows["end_logits"]).values()
     assert answer["answer"] == "1889" and np.isfinite(answer["score"])
+
+
+def test_minilm_rerank_puts_the_answering_passage_first() -> None:
+    from bert_model.tasks.rerank import build_rerank_features, rerank_postprocess
+
+    query = "When was the Eiffel Tower completed?"
+    passages = [
+        "The Louvre is the world's most visited museum and holds the Mona Lisa.",
+        "The Eiffel Tower was completed in 1889 for the World's Fair and stands 330 metres tall.",
+        "Paris hosted the Summer Olympics in 1900, 1924 and 2024.",
+        "Construction of Notre-Dame began in 1163 and was largely finished by 1260.",
+    ]
+    features, rows = features_and_rows("minilm-rerank", build_rerank_features, query, passages)
+    ranks = rerank_postprocess(features, rows["logits"])
+    assert ranks[0]["index"] == 1 and sorted(rank["index"] for rank in ranks) == [0, 1, 2, 3]

@@ -9,7 +9,14 @@ import pytest
 from typer.testing import CliRunner
 
 from bert_model.adapters import LoRAConfig
-from bert_model.finetuning.options import ClassifyOptions, FinetuneRun, NEROptions, QAOptions, TrainingOptions
+from bert_model.finetuning.options import (
+    ClassifyOptions,
+    FinetuneRun,
+    NEROptions,
+    QAOptions,
+    RerankOptions,
+    TrainingOptions,
+)
 from bertserve.cli import build_app
 
 runner = CliRunner()
@@ -82,7 +89,8 @@ def _params(task: str) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("task", "options_class"), [("classify", ClassifyOptions), ("qa", QAOptions), ("ner", NEROptions)]
+    ("task", "options_class"),
+    [("classify", ClassifyOptions), ("qa", QAOptions), ("ner", NEROptions), ("rerank", RerankOptions)],
 )
 def test_finetune_options_are_the_dataclass_fields(task: str, options_class: type) -> None:
     """Each command's options: the run's, the CLI fields of TrainingOptions, LoRA's, and every field of the task's
