@@ -82,7 +82,7 @@ def test_default_qa_model_settings_are_evaluate_s() -> None:
         "max_seq_length": 256,
         "doc_stride": 128,
         "max_query_length": 64,
-        "max_answer_length": 30,
+        "max_answer_length": 15,
         "version_2": False,
         "null_threshold": None,
     }

@@ -5,7 +5,7 @@ bundle through the variant `make serve` serves on this CPU (`bundles.variant_cho
 AMX CPUs, cpu-int8 on AVX2-only ones). LIMIT evenly spaced questions of SQuAD v1.1 dev-half-a (the ones `bertserve
 evaluate --limit LIMIT` scores) go to it over REST and over gRPC with the service's defaults. `bertserve evaluate
 --predictions` answers the same questions with the PyTorch fp32 model on its training windows (256 tokens, doc_stride
-128, max_answer_length 30); the service reads the same settings from the bundle manifest's `task_settings` (a bundle
+128, max_answer_length 15); the service reads the same settings from the bundle manifest's `task_settings` (a bundle
 without them is served on the graph's own windows), with a reduced-precision graph. Every disagreement is
 attributed by recomputing the served variant's answers offline with `bert_model.tasks`:
 - `windows`: the variant's answer changes between evaluate's windows and the service's (none when they agree);
