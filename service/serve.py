@@ -174,6 +174,7 @@ class Server:
         await stop.requested.wait()
         await _drain(engine, self.grpc, settings, stop)
         await _stop(engine, self.rest, rest_task, self.grpc, settings, stop)
+        log.info("stopped", extra={"failure": stop.failure} if stop.failure else None)
         if handle_signals:
             for number in STOP_SIGNALS:
                 loop.remove_signal_handler(number)

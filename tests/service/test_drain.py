@@ -137,7 +137,7 @@ def test_sigterm_under_keep_alive_load_resets_nobody(tiny_bundles: dict[str, Pat
     assert tally.served_after_signal > 0 and tally.closing_after_signal == tally.served_after_signal, tally.counts
     assert tally.counts["refused"] == CLIENTS, tally.counts  # every HTTP client ended on a refused connection
     assert DRAIN_S <= elapsed < DRAIN_S + 15, elapsed
-    assert "stop signal received: draining" in logs and "drain over" in logs
+    assert "stop signal received: draining" in logs and "drain over" in logs and '"stopped"' in logs
 
 
 @pytest.mark.integration
