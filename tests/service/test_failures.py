@@ -9,7 +9,7 @@ import asyncio
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -181,7 +181,7 @@ def test_closing_a_backend_never_blocks_the_event_loop(monkeypatch: pytest.Monke
     )
     backend = OrtBackend(".", manifest, device="cpu")
 
-    def slow_run(inputs: dict[str, np.ndarray], lone: bool = False) -> dict[str, np.ndarray]:
+    def slow_run(inputs: dict[str, np.ndarray], lone: bool = False, extra: Sequence[str] = ()) -> dict[str, np.ndarray]:
         time.sleep(0.5)
         return {"logits": np.zeros((1, 2), np.float32)}
 
