@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from service.engine.inputs import FillMaskInput
+from service.engine.inputs import FILL_MASK_MAX_TOP_K, FillMaskInput
 from service.http_api.schemas import (
     AT_LEAST_ONE,
     INTEGRAL,
@@ -145,7 +145,7 @@ class FillMaskRequest(_Body):
     inputs: Text | Annotated[list[Text], AT_LEAST_ONE] = Field(
         ..., description="A text or a list of texts, each with at least one mask token ([MASK])."
     )
-    top_k: Annotated[StrictInt, Field(ge=1, le=100), INTEGRAL] = Field(
+    top_k: Annotated[StrictInt, Field(ge=1, le=FILL_MASK_MAX_TOP_K), INTEGRAL] = Field(
         FillMaskInput.top_k, description="Fills per mask."
     )
     targets: Text | Annotated[list[Text], AT_LEAST_ONE] | None = Field(

@@ -23,9 +23,8 @@ from pydantic import (
 )
 
 from bert_model.tasks.classification import ScoreFunction
+from bert_model.tasks.defaults import AggregationStrategy
 from service.engine.inputs import ClassifyInput, NERInput, QAInput
-
-AggregationStrategy = Literal["none", "simple", "first", "average", "max"]
 
 # Non-blank text. The pattern documents the rule in OpenAPI; the service checks it (with a message that says
 # which input is blank), so pydantic only checks the type here. Blank is what `str.strip` removes: Python's
