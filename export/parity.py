@@ -267,8 +267,7 @@ def _judge_top_tokens(reference: Scored, candidate: Scored) -> ParityResult:
         "threshold_top5": TOP5_OVERLAP,
         "masked_positions": len(pairs),
     }
-    figures.update({k: v for k, v in candidate.metrics.items() if isinstance(v, float)})
-    figures.update({f"{k}_fp32": v for k, v in reference.metrics.items() if isinstance(v, float)})
+    figures.update(_both_metrics(reference, candidate))
     passed = top1 >= TOP1_AGREEMENT and overlap >= TOP5_OVERLAP
     message = (
         f"masked positions: top-1 agreement {top1:.4f} with PyTorch fp32 (needs >= {TOP1_AGREEMENT:g}), "
@@ -302,14 +301,19 @@ def judge_rankings(reference: Scored, candidate: Scored) -> ParityResult:
         "lists": len(top1),
         "candidates": candidates,
     }
-    figures.update({k: v for k, v in candidate.metrics.items() if isinstance(v, float)})
-    figures.update({f"{k}_fp32": v for k, v in reference.metrics.items() if isinstance(v, float)})
+    figures.update(_both_metrics(reference, candidate))
     passed = agreement >= RANK_TOP1_AGREEMENT and mean_rho >= RANK_SPEARMAN_MEAN
     message = (
         f"candidate lists: top-1 agreement {agreement:.4f} with PyTorch fp32 (needs >= {RANK_TOP1_AGREEMENT:g}), "
         f"mean Spearman {mean_rho:.4f} (>= {RANK_SPEARMAN_MEAN:g}), max |score diff| {worst:.3g}"
     )
     return ParityResult(passed, figures, message)
+
+
+def _both_metrics(reference: Scored, candidate: Scored) -> dict[str, float]:
+    """The task metrics of the candidate and, suffixed `_fp32`, of the PyTorch reference, for a judgment's figures."""
+    ours = {k: v for k, v in candidate.metrics.items() if isinstance(v, float)}
+    return ours | {f"{k}_fp32": v for k, v in reference.metrics.items() if isinstance(v, float)}
 
 
 def spearman(reference: np.ndarray, candidate: np.ndarray) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
+import httpx
 import pytest
 
 from tests.service.server import ServerProcess, serving
@@ -57,3 +59,18 @@ def server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     log = tmp_path_factory.mktemp("server") / "server.log"
     with serving(list(tiny_bundles.values()), log) as process:
         yield process
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    """A REST client of the module's `server` (a module overriding `server` gets a client of its own)."""
+    with httpx.Client(base_url=server.url, timeout=30.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
+    """A ready gRPC channel to the module's `server`."""
+    with grpc.insecure_channel(server.grpc_target) as chan:
+        grpc.channel_ready_future(chan).result(timeout=10)
+        yield chan

@@ -36,19 +36,6 @@ def server(
         yield process
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30.0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(server.grpc_target) as chan:
-        grpc.channel_ready_future(chan).result(timeout=10)
-        yield chan
-
-
 def _reference(bundle: Path, texts: list[str], *, normalize: bool = True) -> np.ndarray:
     """Embeddings computed here, one text per ONNX Runtime call: tokenizer -> graph (its mean-pooled vector) -> L2
     normalization in numpy."""

@@ -13,23 +13,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from service.grpc_api.stubs import bert_pb2 as pb
 from service.grpc_api.stubs import bert_pb2_grpc as pb_grpc
-from tests.service.server import ServerProcess
 from tests.service.test_http_api import LONG_CONTEXT
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def channel(server: ServerProcess) -> grpc.Channel:
-    with grpc.insecure_channel(server.grpc_target) as chan:
-        grpc.channel_ready_future(chan).result(timeout=10)
-        yield chan
-
-
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> httpx.Client:
-    with httpx.Client(base_url=server.url, timeout=30.0) as client:
-        yield client
 
 
 def test_classify_matches_rest(channel: grpc.Channel, http: httpx.Client) -> None:

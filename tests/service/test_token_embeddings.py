@@ -46,19 +46,6 @@ def server(
         yield process
 
 
-@pytest.fixture(scope="module")
-def http(server: ServerProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30.0) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(server.grpc_target) as chan:
-        grpc.channel_ready_future(chan).result(timeout=10)
-        yield chan
-
-
 def transformers_states(folder: Path, texts: list[str], max_length: int) -> list[np.ndarray]:
     """Each text's last hidden state by `transformers`' AutoModel and AutoTokenizer of `folder`, one text a call."""
     import torch
