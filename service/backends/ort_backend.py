@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from bert_model.tokenization import BertTokenizer
+from bundles.hardware import CpuInfo, read_cpu_info
 from bundles.runtimes import OPENVINO_PROVIDER, OpenedVariant, RuntimeSettings, open_variant
 from bundles.spec import BundleManifest
 from bundles.variant_choice import choose_variant, timing_candidates
@@ -61,9 +62,15 @@ async def start_fastest_cpu_variant(
 
 
 OPENVINO_WIDTH_MULTIPLE = 16
-"""Batch width multiple OpenVINO variants prefer: its CPU kernels run a width that is a multiple of 16 faster than
-the widths just below it on some CPUs (`python -m bertserve.benchmarks.widths`, docs/benchmarks.md "Batch
-widths"). ONNX Runtime's CPU kernels pay for every padded column, so its variants pad to the longest row."""
+"""Batch width multiple OpenVINO variants prefer on CPUs with VNNI or AMX: their kernels run a width that is a
+multiple of 16 faster than the widths just below it (`python -m bertserve.benchmarks.widths`, docs/benchmarks.md
+"Batch widths"). ONNX Runtime's CPU kernels pay for every padded column, so its variants pad to the longest row."""
+
+
+def openvino_width_multiple(cpu: CpuInfo) -> int:
+    """`OPENVINO_WIDTH_MULTIPLE` on CPUs with VNNI or AMX, 1 (the longest row) on those without: there OpenVINO's
+    kernels pay for the padded columns as ONNX Runtime's do."""
+    return 1 if cpu.matrix_family == "no VNNI" else OPENVINO_WIDTH_MULTIPLE
 
 
 class OrtBackend:
@@ -93,7 +100,7 @@ class OrtBackend:
         self.output_names = list(manifest.output_names)
         self.settings = RuntimeSettings(**runtime)
         self.kind = "openvino" if self.provider == OPENVINO_PROVIDER else "ort"
-        self.width_multiple = OPENVINO_WIDTH_MULTIPLE if self.kind == "openvino" else 1
+        self.width_multiple = openvino_width_multiple(read_cpu_info()) if self.kind == "openvino" else 1
         self._lone_copy = self.settings.lone_copy(self.provider)
         self._executor = ThreadPoolExecutor(
             max_workers=workers or self.concurrency,

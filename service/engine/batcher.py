@@ -9,14 +9,14 @@ them) from the length-sorted queue (or its `window` first features), so padding 
 no row is padded to more than `max_stretch` x the batch's shortest row (+ `stretch_tokens`), so a short request
 never waits on the compute of much longer rows. A `LongBatchGate` shared by a process's batchers holds batches of
 long rows to one at a time (and off the all-cores copy) while short requests come. The padded width is the longest
-row rounded up to the backend's `width_multiple` (OpenVINO's CPU kernels run widths that are multiples of 16 faster
-than the widths just below them), never past the graph's longest input. The queue is bounded: a request that does
-not fit is rejected at once (`Overloaded`). Requests whose deadline passed (or whose caller went away) are dropped
-before compute. A failure anywhere on a batch's path (padding, the backend, the output checks, delivery) fails only
-the requests of that batch, at once, and outputs are checked to have one row per input row; a model whose batch loop
-dies, whose backend reports itself broken, or whose batches keep failing has failed for good (see `Batcher`). With
-`passthrough` (the backend batches itself, e.g. Triton's dynamic batcher) every request goes straight to the
-backend as its own call, with the same checks and bounds.
+row rounded up to the backend's `width_multiple` (OpenVINO's kernels on CPUs with VNNI or AMX run widths that are
+multiples of 16 faster than the widths just below them), never past the graph's longest input. The queue is
+bounded: a request that does not fit is rejected at once (`Overloaded`). Requests whose deadline passed (or whose
+caller went away) are dropped before compute. A failure anywhere on a batch's path (padding, the backend, the output
+checks, delivery) fails only the requests of that batch, at once, and outputs are checked to have one row per input
+row; a model whose batch loop dies, whose backend reports itself broken, or whose batches keep failing has failed for
+good (see `Batcher`). With `passthrough` (the backend batches itself, e.g. Triton's dynamic batcher) every request
+goes straight to the backend as its own call, with the same checks and bounds.
 A request may ask for outputs beyond the model's usual ones (`extra_outputs`: an embedding model's token states);
 a batch fetches them only when one of its requests does.
 

@@ -24,9 +24,6 @@ collects headers without a size limit (h11's `h11_max_incomplete_event_size` is 
 A connection in any of these phases costs a socket and this object, no task and no thread. `on_cut(phase)` is
 told of every cut (headers, header_size, body, pipeline) for the metrics.
 
-The protocol also sends a response's head and body in one system call (`_CoalescingTransport`): uvicorn writes
-them separately, and each write on an idle socket is a `send` of its own (and a TCP segment of its own, with
-`TCP_NODELAY`), paid on the event loop.
 References: https://www.uvicorn.org/settings/#timeouts , RFC 9110 sections 15.5.9 (408) and RFC 6585 section 5
 (431).
 """
@@ -83,61 +80,6 @@ class _Limits:
     on_cut: Callable[[str], None] | None
 
 
-class _CoalescingTransport:
-    """A transport that holds a response head back until the write that follows it (uvicorn writes a response's
-    head, then its body, in the same step of the request's task) and sends the two in one `writelines`; a head
-    that no write follows in this turn of the event loop (a 100 Continue, a response without a body) is sent at
-    the end of the turn (`call_soon`). `close()` and `write_eof()` send a held head first, `abort()` drops it.
-    Everything else is the transport's own."""
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._head: bytes | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not data:
-            return
-        head, self._head = self._head, None
-        if head is not None:
-            self._transport.writelines([head, data])
-        elif data[:5] == b"HTTP/" and data[-4:] == b"\r\n\r\n":
-            self._head = bytes(data)
-            self._loop.call_soon(self._flush)
-        else:
-            self._transport.write(data)
-
-    def writelines(self, lines: Any) -> None:
-        for data in lines:
-            self.write(data)
-
-    def _flush(self) -> None:
-        head, self._head = self._head, None
-        if head is not None and not self._transport.is_closing():
-            self._transport.write(head)
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def write_eof(self) -> None:
-        self._flush()
-        self._transport.write_eof()
-
-    def abort(self) -> None:
-        self._head = None
-        self._transport.abort()
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + (len(self._head) if self._head is not None else 0)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class _StopParsing(Exception):
     """Raised in a parser callback to stop parsing what a connection sent (a head over the limit, a request
     beyond the pipeline's depth): httptools raises it on as an `HttpParserCallbackError`, which uvicorn logs as an
@@ -164,7 +106,7 @@ class _Guarded(HttpToolsProtocol):
 
     # ---- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        super().connection_made(transport)
         self._await_head()  # a new connection owes its first request head
 
     def data_received(self, data: bytes) -> None:

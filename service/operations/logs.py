@@ -3,47 +3,46 @@
 Configured once by the CLI / `create_app`; uvicorn's own loggers are routed through the same handler so the
 whole process speaks one format. Plain text with `log_json=False` (handy in a terminal).
 
-Records are formatted and written on a thread of its own (`bs-log`), which wakes every `TICK_S` to write what came
-meanwhile: the event loop, which logs one access line per request, only appends to a deque, without waking another
-thread per line (a wake-up per line was some 5% of the event loop's time under load); a warning or worse wakes the
-writer at once. An access line (`log_request`) becomes a record on the writer's thread, from the few values the
-request gives. The writer is stopped (what is queued written) at interpreter exit.
+Records are formatted and written off the calling thread, by the standard library's `QueueListener`: the event
+loop, which logs one access line per request, only puts a record on a queue, and an output that stalls (a full
+pipe) cannot stall the requests. The listener is stopped (what is queued written) at interpreter exit.
 
-What clients can make the server log is bounded twice. At most `MAX_QUEUED` records wait for the writer: past
-that (an output slower than the requests, e.g. a stalled pipe), records are dropped and counted, and the writer
-says how many once it catches up. uvicorn logs a warning per malformed request head (and per head this service
-cuts for its size or its pipeline's depth, `service.http_api.connections`): `RepeatedClientErrors` lets one such
-line through per `CLIENT_ERROR_INTERVAL_S`, the next one carrying how many were held back (`held_back`), so a
-client opening connection after connection cannot write a line for each.
+What clients can make the server log is bounded twice. At most `MAX_QUEUED` records wait for the listener: past
+that (an output slower than the requests), records are dropped and counted, and the count is logged with the next
+record there is room for. uvicorn logs a warning per malformed request head (and per head this service cuts for
+its size or its pipeline's depth, `service.http_api.connections`): `RepeatedClientErrors` lets one such line
+through per `CLIENT_ERROR_INTERVAL_S`, the next one carrying how many were held back (`held_back`), so a client
+opening connection after connection cannot write a line for each.
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
+import contextlib
 import json
 import logging
+import logging.handlers
+import queue
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from service.operations.threads import name_this_thread
-
-LOG_THREAD = "bs-log"
-"""The thread that formats and writes log records."""
-TICK_S = 0.1
-"""How often the writer wakes to write the info-level records that came meanwhile."""
 MAX_QUEUED = 10_000
-"""Most records waiting for the writer (some 20 s of access lines at 500 requests/s); past it, new ones are
+"""Most records waiting for the listener (some 20 s of access lines at 500 requests/s); past it, new ones are
 dropped and counted."""
+STOP_TIMEOUT_S = 10.0
+"""Most seconds a stop waits for the queued records to be written."""
 CLIENT_ERROR_INTERVAL_S = 10.0
 """At most one line per this many seconds for each of uvicorn's warnings about a client's request
 (`CLIENT_ERRORS`)."""
 CLIENT_ERRORS = frozenset({"Invalid HTTP request received.", "Unsupported upgrade request."})
 """uvicorn's warnings (logger `uvicorn.error`) about what one client sent: a malformed or cut head, an upgrade to a
 protocol the server does not speak."""
+
+Records = queue.Queue[logging.LogRecord | None]
+"""The records waiting for the listener (None: the listener's stop)."""
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__)
 _STANDARD |= {"message", "asctime", "taskName", "color_message"}
@@ -66,19 +65,6 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             payload["exception"] = self.formatException(record.exc_info)
         return json.dumps(payload, ensure_ascii=False)
-
-
-class _Access(tuple[float, str, str, int, float, str]):
-    """An access line's values (time, method, route, status, ms, request id); its record is made when written."""
-
-    __slots__ = ()
-
-    def record(self) -> logging.LogRecord:
-        created, method, route, status, ms, request_id = self
-        extra = {"method": method, "route": route, "status": status, "ms": ms, "request_id": request_id}
-        record = _ACCESS_LOGGER.makeRecord(_ACCESS_LOGGER.name, logging.INFO, "", 0, "request", (), None, extra=extra)
-        record.created, record.msecs = created, (created - int(created)) * 1000
-        return record
 
 
 class RepeatedClientErrors(logging.Filter):
@@ -116,107 +102,101 @@ class RepeatedClientErrors(logging.Filter):
         return True
 
 
-class _Writer:
-    """The `bs-log` thread: writes the queued records through `handler` every `TICK_S`, or at once when woken.
-    At most `MAX_QUEUED` wait; past that, records are dropped, and counted in a warning written once there is room."""
+class _BoundedQueueHandler(logging.handlers.QueueHandler):
+    """The root logger's handler: puts each record on the listener's bounded queue. A record that finds the queue
+    full is dropped and counted; the count goes on the queue, as a warning, after the next record that fits."""
 
-    def __init__(self, handler: logging.Handler) -> None:
-        self.handler = handler
-        self._records: collections.deque[logging.LogRecord | _Access] = collections.deque()
-        self._dropped = 0
-        self._drop_lock = threading.Lock()
-        """Held to count a dropped record and to take the count: the rare path, so the common one takes no lock."""
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=LOG_THREAD, daemon=True)
-        self._thread.start()
+    def __init__(self, records: Records) -> None:
+        super().__init__(records)
+        self.dropped = 0
+        self._lock = threading.Lock()
 
-    def put(self, record: logging.LogRecord | _Access, urgent: bool = False) -> None:
-        if len(self._records) >= MAX_QUEUED:
-            with self._drop_lock:
-                self._dropped += 1
-            return
-        self._records.append(record)  # atomic: no lock, nothing woken
-        if urgent:
-            self._wake.set()
-
-    def stop(self) -> None:
-        """Write what is queued and end the thread."""
-        self._stopping = True
-        self._wake.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        name_this_thread(LOG_THREAD)
-        while not self._stopping:
-            self._wake.wait(TICK_S)
-            self._wake.clear()
-            self._write()
-        self._write()
-
-    def _write(self) -> None:
-        while self._records:
-            item = self._records.popleft()
-            self.handler.handle(item.record() if isinstance(item, _Access) else item)
-        with self._drop_lock:
-            dropped, self._dropped = self._dropped, 0
-        if dropped:
-            message = f"{dropped} log records dropped: more than {MAX_QUEUED} waited for the log output"
-            self.handler.handle(
-                logging.getLogger(__name__).makeRecord(__name__, logging.WARNING, "", 0, message, (), None)
-            )
-
-
-class _QueueingHandler(logging.Handler):
-    """The root logger's handler: hands each record to the writer. The message's arguments are merged now (they
-    may change later); the formatting and the write happen on the writer's thread."""
-
-    def __init__(self, writer: _Writer) -> None:
-        super().__init__()
-        self.writer = writer
-
-    def emit(self, record: logging.LogRecord) -> None:
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        """The message's arguments merged now (they may change later); the formatting, exception included, is
+        the listener's, so that the JSON formatter still sees `extra=` fields and `exc_info`."""
         if record.args:
             record.msg, record.args = record.getMessage(), None
-        self.writer.put(record, urgent=record.levelno >= logging.WARNING)
+        return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+            return
+        if self.dropped:
+            with self._lock:
+                dropped, self.dropped = self.dropped, 0
+            try:
+                self.queue.put_nowait(_dropped_warning(dropped))
+            except queue.Full:
+                with self._lock:
+                    self.dropped += dropped
 
 
-_writer: _Writer | None = None
+def _dropped_warning(count: int) -> logging.LogRecord:
+    message = f"{count} log records dropped: more than {MAX_QUEUED} waited for the log output"
+    return logging.getLogger(__name__).makeRecord(__name__, logging.WARNING, "", 0, message, (), None)
+
+
+class _Listener(logging.handlers.QueueListener):
+    """The standard listener, whose stop waits at most `STOP_TIMEOUT_S` for room on a full queue and for the
+    output (the standard one raises on a full queue and waits for ever on a stalled output)."""
+
+    def __init__(self, records: Records, handler: logging.Handler) -> None:
+        super().__init__(records, handler, respect_handler_level=True)
+        self.records = records
+
+    def stop(self) -> None:
+        thread = self._thread
+        if thread is None:
+            return
+        with contextlib.suppress(queue.Full):
+            self.records.put(None, timeout=STOP_TIMEOUT_S)  # the listener's sentinel
+        thread.join(STOP_TIMEOUT_S)
+        self._thread = None
+
+
+_listener: _Listener | None = None
+_queueing: _BoundedQueueHandler | None = None
 
 
 def log_request(method: str, route: str, status: int, ms: float, request_id: str) -> None:
-    """One request's access line (logger `service.access`, message `request`, at info): an append on the calling
-    thread once `configure_logging` has run."""
-    if not _ACCESS_LOGGER.isEnabledFor(logging.INFO):
-        return
-    access = _Access((time.time(), method, route, status, ms, request_id))
-    if _writer is not None:
-        _writer.put(access)
-    else:  # logging not configured by us: the record goes through the logger's own handlers now
-        _ACCESS_LOGGER.handle(access.record())
+    """One request's access line (logger `service.access`, message `request`, at info)."""
+    if _ACCESS_LOGGER.isEnabledFor(logging.INFO):
+        extra = {"method": method, "route": route, "status": status, "ms": ms, "request_id": request_id}
+        _ACCESS_LOGGER.info("request", extra=extra)
 
 
 def _stop_writer() -> None:
-    global _writer
-    if _writer is not None:
-        _writer.stop()  # writes what is still queued
-        _writer = None
+    """Write what is queued (and the count of records dropped since the last that fitted), end the listener."""
+    global _listener, _queueing
+    if _listener is not None:
+        _listener.stop()
+        if _queueing is not None and _queueing.dropped:
+            for handler in _listener.handlers:
+                handler.handle(_dropped_warning(_queueing.dropped))
+        _listener = _queueing = None
 
 
 def configure_logging(level: str = "info", json_lines: bool = True) -> None:
-    """Send the service's and uvicorn's logs to stderr in one format, written by the `bs-log` thread."""
-    global _writer
+    """Send the service's and uvicorn's logs to stderr in one format, written by the listener's thread."""
+    global _listener, _queueing
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     _stop_writer()
-    _writer = _Writer(handler)
+    records: Records = queue.Queue(MAX_QUEUED)
+    _queueing = _BoundedQueueHandler(records)
+    _listener = _Listener(records, handler)
+    _listener.start()
     atexit.register(_stop_writer)
     root = logging.getLogger()
     for existing in list(root.handlers):
         root.removeHandler(existing)
-    root.addHandler(_QueueingHandler(_writer))
+    root.addHandler(_queueing)
     root.setLevel(level.upper())
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)

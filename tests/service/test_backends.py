@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from bert_model.tasks.features import Feature
+from bundles.hardware import read_cpu_info
 from bundles.runtimes import OpenVinoVariant
 from bundles.spec import BundleManifest
 from bundles.variant_choice import choose_variant
-from service.backends.ort_backend import OrtBackend
+from service.backends.ort_backend import OrtBackend, openvino_width_multiple
+from tests.bundles.test_hardware import AMX_XEON, EPYC_ZEN4
 from tests.service.tiny_bundles import with_openvino_variant
 
 
@@ -207,8 +209,10 @@ def test_openvino_batches_are_padded_to_multiples_of_16_with_unchanged_answers(
             await batcher.close()
             await backend.close()
 
-    multiple, widths, rounded = asyncio.run(run("openvino-fp32", None))
-    assert (multiple, widths) == (16, [(2, 32)])
+    multiple, widths, _ = asyncio.run(run("openvino-fp32", None))
+    assert multiple == openvino_width_multiple(read_cpu_info())  # this machine's rule
+    _, widths, rounded = asyncio.run(run("openvino-fp32", 16))
+    assert widths == [(2, 32)]
     _, widths, exact = asyncio.run(run("openvino-fp32", 1))
     assert widths == [(2, 23)]
     for row, (left, right) in enumerate(zip(rounded, exact, strict=True)):
@@ -242,3 +246,12 @@ def test_backend_errors_are_domain_errors(tiny_bundles: dict[str, Path]) -> None
             await backend.close()
 
     asyncio.run(go())
+
+
+def test_openvino_pads_to_16_only_where_its_kernels_gain_from_it() -> None:
+    zen3 = EPYC_ZEN4.replace(" avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512vbmi", "").replace(
+        "avx512_vbmi2 avx512_vnni avx512_bitalg avx512_vpopcntdq", ""
+    )
+    assert read_cpu_info(zen3).matrix_family == "no VNNI"
+    widths = {text: openvino_width_multiple(read_cpu_info(text)) for text in (AMX_XEON, EPYC_ZEN4, zen3)}
+    assert widths == {AMX_XEON: 16, EPYC_ZEN4: 16, zen3: 1}
