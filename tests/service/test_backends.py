@@ -175,8 +175,8 @@ def test_a_lone_batch_runs_on_the_latency_copy_and_others_on_streams(
 def test_openvino_batches_are_padded_to_multiples_of_16_with_unchanged_answers(
     tiny_bundles: dict[str, Path], tmp_path: Path
 ) -> None:
-    """An OpenVINO variant asks for widths that are multiples of 16, ONNX Runtime for the longest row; through the
-    batcher, the NER model's per-token logits of rows of 9 and 23 tokens, padded to 32, equal those padded to 23."""
+    """An OpenVINO variant asks for this CPU's width multiple (16 with VNNI or AMX, else the longest row); through
+    the batcher, the NER model's per-token logits of rows of 9 and 23 tokens, padded to 32, equal those padded to 23."""
     pytest.importorskip("openvino", reason="the optional openvino extra is not installed")
     from service.engine.batcher import BatchConfig, Batcher
 
