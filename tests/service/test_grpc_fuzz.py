@@ -80,23 +80,17 @@ RPC_IDS = [rpc.path.rsplit("/", 1)[1] for rpc in RPCS]
 
 
 @pytest.fixture(scope="module")
-def fuzz_server(
+def server(
     tiny_bundles: dict[str, Path],
     encoder_bundles: dict[str, Path],
     rerank_bundle: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
+    """This module's server, with every task and an API key (the shared `channel` fixture connects to it)."""
     log = tmp_path_factory.mktemp("grpc-fuzz") / "server.log"
     bundles = [*tiny_bundles.values(), *encoder_bundles.values(), rerank_bundle]
     with serving(bundles, log, {"BERTSERVE_API_KEY": API_KEY}) as process:
         yield process
-
-
-@pytest.fixture(scope="module")
-def channel(fuzz_server: ServerProcess) -> Iterator[grpc.Channel]:
-    with grpc.insecure_channel(fuzz_server.grpc_target) as chan:
-        grpc.channel_ready_future(chan).result(timeout=10)
-        yield chan
 
 
 def assert_serving(server: ServerProcess, channel: grpc.Channel) -> None:
@@ -479,7 +473,7 @@ LONG_VALUES = {"é x 20,000": "é" * 20_000, "1.9 MB": "x" * 1_900_000}
 
 
 @pytest.mark.parametrize("rpc", RPCS, ids=RPC_IDS)
-def test_very_long_strings_in_every_field(fuzz_server: ServerProcess, channel: grpc.Channel, rpc: Rpc) -> None:
+def test_very_long_strings_in_every_field(server: ServerProcess, channel: grpc.Channel, rpc: Rpc) -> None:
     base = BASE[rpc.path.rsplit("/", 1)[1]]
     count = len(list(string_fields(base)))
     for long in LONG_VALUES.values():
@@ -492,11 +486,11 @@ def test_very_long_strings_in_every_field(fuzz_server: ServerProcess, channel: g
             else:
                 setattr(holder, name, long)
             judge(channel, rpc, request.SerializeToString())
-    assert_serving(fuzz_server, channel)
+    assert_serving(server, channel)
 
 
-def test_server_serves_after_the_fuzz(fuzz_server: ServerProcess, channel: grpc.Channel) -> None:
-    assert_serving(fuzz_server, channel)
+def test_server_serves_after_the_fuzz(server: ServerProcess, channel: grpc.Channel) -> None:
+    assert_serving(server, channel)
 
 
 @pytest.mark.parametrize("unit", ["m", "é", "%", "北", "\x00"])
@@ -533,7 +527,7 @@ def _code(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[grpc.Sta
     return grpc.StatusCode.OK, ""
 
 
-def test_unknown_methods_and_the_api_key(fuzz_server: ServerProcess, channel: grpc.Channel) -> None:
+def test_unknown_methods_and_the_api_key(server: ServerProcess, channel: grpc.Channel) -> None:
     unknown = ["/bert.v1.Classifier/Nope", "/bert.v9.Classifier/Classify", "/no.Such/Service", "not-a-path", "/"]
     for path in unknown:
         raw = channel.unary_unary(path)
@@ -568,10 +562,10 @@ def test_unknown_methods_and_the_api_key(fuzz_server: ServerProcess, channel: gr
     for call, request in garbage:
         code, details = _code(call, request, timeout=10)
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "not a valid" in details, (code, details)
-    assert_serving(fuzz_server, channel)
+    assert_serving(server, channel)
 
 
-def test_metadata_floods(fuzz_server: ServerProcess, channel: grpc.Channel) -> None:
+def test_metadata_floods(server: ServerProcess, channel: grpc.Channel) -> None:
     accepted: list[Any] = [
         [(f"x-k{i}", "v") for i in range(150)],
         [("x-big", "v" * 12_000)],  # between grpc's soft and hard defaults: accepted every time
@@ -593,10 +587,10 @@ def test_metadata_floods(fuzz_server: ServerProcess, channel: grpc.Channel) -> N
         for _ in range(3):
             code, _ = call_raw(channel, CLASSIFY, OK_REQUEST, (*AUTH, *metadata))
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (metadata[0][0], len(metadata), code)
-    assert_serving(fuzz_server, channel)
+    assert_serving(server, channel)
 
 
-def test_oversize_compressed_and_echoed_values(fuzz_server: ServerProcess, channel: grpc.Channel) -> None:
+def test_oversize_compressed_and_echoed_values(server: ServerProcess, channel: grpc.Channel) -> None:
     over = pb.ClassifyRequest(inputs=[pb.TextInput(text="w" * 700_000)] * 3).SerializeToString()
     code, details = call_raw(channel, CLASSIFY, over)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details, (code, details)
@@ -617,10 +611,10 @@ def test_oversize_compressed_and_echoed_values(fuzz_server: ServerProcess, chann
     # a target longer than any vocabulary token is refused by its length, without quoting it back
     assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details[:200])
     assert details.startswith("targets[0] has 15000 characters, more than the limit of") and len(details) < 200
-    assert_serving(fuzz_server, channel)
+    assert_serving(server, channel)
 
 
-def test_deadlines_and_message_counts(fuzz_server: ServerProcess, channel: grpc.Channel) -> None:
+def test_deadlines_and_message_counts(server: ServerProcess, channel: grpc.Channel) -> None:
     raw = channel.unary_unary(CLASSIFY.path)
     # a deadline far shorter than the work (64 long texts to tokenize): with a small request and a microsecond
     # deadline, a busy client's deadline timer can lose the race to the server's answer (seen: OK)
@@ -635,7 +629,7 @@ def test_deadlines_and_message_counts(fuzz_server: ServerProcess, channel: grpc.
     check = channel.stream_unary("/grpc.health.v1.Health/Check")
     code, details = _code(check, iter([]), timeout=CALL_TIMEOUT_S)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "whole" in details, (code, details)
-    assert_serving(fuzz_server, channel)
+    assert_serving(server, channel)
 
 
 # ---- raw HTTP/2 (h2): what no gRPC client library sends ---------------------------------------------------
@@ -699,9 +693,9 @@ H2_GRPC_CORE = {
 }
 
 
-def test_raw_http2_frames(fuzz_server: ServerProcess, channel: grpc.Channel) -> None:
+def test_raw_http2_frames(server: ServerProcess, channel: grpc.Channel) -> None:
     pytest.importorskip("h2", reason="raw HTTP/2 needs h2 (the dev extra)")
-    target = fuzz_server.grpc_target
+    target = server.grpc_target
     for name, (headers, body) in H2_INVALID_ARGUMENT.items():
         answer = h2_call(target, headers, body)
         assert answer["headers"].get("grpc-status") == "3", (name, answer)
@@ -721,4 +715,4 @@ def test_raw_http2_frames(fuzz_server: ServerProcess, channel: grpc.Channel) -> 
     assert answer["reset"] is not None and answer["ended"] < 5, answer
     answer = h2_call(target, [], _frame(OK_REQUEST), drop=("te",))
     assert answer["reset"] is not None and answer["ended"] < 5, answer
-    assert_serving(fuzz_server, channel)
+    assert_serving(server, channel)
