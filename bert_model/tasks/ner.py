@@ -355,11 +355,16 @@ def ner_postprocess(
 
 
 @dataclass
-class _Piece:
-    label: str
-    score: float
-    start: int
-    end: int
+class _Pieces:
+    """Tokens (or words) with their predicted label, score and character span, as arrays: one entry per piece."""
+
+    labels: np.ndarray
+    """Index into the label names."""
+    scores: np.ndarray
+    """float64: the label's probability (of the word's distribution for the word strategies); an entity scores
+    the mean of its pieces'."""
+    starts: np.ndarray
+    ends: np.ndarray
 
 
 def group_entities(
@@ -371,58 +376,96 @@ def group_entities(
     """Entities of one text from its token probabilities (see the module docstring for the strategies). A token (or
     word) that shares a character with the one before it (the bytes of one character in byte-level BPE, a mark
     the pre-tokenizer split from its letter) continues that one's entity; an entity of whitespace alone (a
-    byte-level BPE token of a line break) is none."""
+    byte-level BPE token of a line break) is none.
+
+    Pieces and groups are found with array operations; Python runs once per entity kept, so a long text costs
+    little time holding the interpreter."""
     if tokens.probs.shape[-1] != len(labels):
         raise ValueError(f"logits have {tokens.probs.shape[-1]} labels but {len(labels)} label names were given")
-    pieces = _token_pieces(tokens, labels) if strategy in ("none", "simple") else _word_pieces(tokens, labels, strategy)
+    pieces = _token_pieces(tokens) if strategy in ("none", "simple") else _word_pieces(tokens, strategy)
     if strategy == "none":
-        entities = [_entity(tokens.text, [p], p.label) for p in pieces if p.label not in ignore_labels]
-        return [e for e in entities if e["end"] > e["start"]]
-    groups: list[list[_Piece]] = []
-    for piece in pieces:
-        bi, tag = split_tag(piece.label)
-        continues = bi != "B" and split_tag(groups[-1][-1].label)[1] == tag if groups else False
-        if continues or (groups and piece.start < groups[-1][-1].end):  # a character is in one entity at most
-            groups[-1].append(piece)
-        else:
-            groups.append([piece])
-    entities = [_entity(tokens.text, group, split_tag(group[0].label)[1]) for group in groups]
-    return [e for e in entities if e["entity_group"] not in ignore_labels and e["end"] > e["start"]]
+        firsts, stops, names, scores = _one_per_piece(pieces, labels, ignore_labels)
+    else:
+        firsts, stops, names, scores = _groups(pieces, labels, ignore_labels)
+    starts, ends = pieces.starts[firsts].tolist(), pieces.ends[stops - 1].tolist()
+    entities = [
+        _entity(tokens.text, start, end, name, score)
+        for start, end, name, score in zip(starts, ends, names, scores.tolist(), strict=True)
+    ]
+    return [e for e in entities if e["end"] > e["start"]]
 
 
-def _entity(text: str, pieces: list[_Piece], group: str) -> Entity:
-    start, end = trim_span(text, pieces[0].start, pieces[-1].end)
-    score = float(np.mean([p.score for p in pieces]))
+_Spans = tuple[np.ndarray, np.ndarray, list[str], np.ndarray]
+"""Entities as the first piece and one past the last of each, their names and scores."""
+
+
+def _one_per_piece(pieces: _Pieces, labels: Sequence[str], ignore_labels: Sequence[str]) -> _Spans:
+    ignored = np.array([label in ignore_labels for label in labels], dtype=bool)
+    kept = np.flatnonzero(~ignored[pieces.labels])
+    return kept, kept + 1, [labels[i] for i in pieces.labels[kept].tolist()], pieces.scores[kept]
+
+
+def _groups(pieces: _Pieces, labels: Sequence[str], ignore_labels: Sequence[str]) -> _Spans:
+    """A piece continues the group before it when its type is the same and its tag not B-, or when it shares a
+    character with the piece before it (a character is in one entity at most); groups of an ignored type drop."""
+    tags = [split_tag(label) for label in labels]
+    begins = np.array([bi == "B" for bi, _ in tags], dtype=bool)
+    types = np.unique([tag for _, tag in tags], return_inverse=True)[1].reshape(-1)
+    ignored = np.array([tag in ignore_labels for _, tag in tags], dtype=bool)
+    label, count = pieces.labels, len(pieces.labels)
+    if count == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), [], np.empty(0)
+    continues = np.zeros(count, dtype=bool)
+    continues[1:] = (~begins[label[1:]] & (types[label[1:]] == types[label[:-1]])) | (
+        pieces.starts[1:] < pieces.ends[:-1]
+    )
+    firsts = np.flatnonzero(~continues)
+    stops = np.append(firsts[1:], count)
+    means = np.add.reduceat(pieces.scores, firsts) / (stops - firsts)
+    kept = ~ignored[label[firsts]]
+    firsts, stops = firsts[kept], stops[kept]
+    return firsts, stops, [tags[i][1] for i in label[firsts].tolist()], means[kept]
+
+
+def _entity(text: str, start: int, end: int, group: str, score: float) -> Entity:
+    start, end = trim_span(text, start, end)
     return {"entity_group": group, "score": score, "word": text[start:end], "start": start, "end": end}
 
 
-def _token_pieces(tokens: TokenPredictions, labels: Sequence[str]) -> list[_Piece]:
+def _spans(tokens: TokenPredictions) -> tuple[np.ndarray, np.ndarray]:
+    spans = np.asarray(tokens.offsets, dtype=np.int64).reshape(-1, 2)
+    return spans[:, 0], spans[:, 1]
+
+
+def _token_pieces(tokens: TokenPredictions) -> _Pieces:
     best = np.argmax(tokens.probs, axis=-1)
-    return [_Piece(labels[int(b)], float(tokens.probs[t, b]), *tokens.offsets[t]) for t, b in enumerate(best.tolist())]
+    scores = np.take_along_axis(tokens.probs, best[:, None], axis=-1)[:, 0].astype(np.float64)
+    return _Pieces(best, scores, *_spans(tokens))
 
 
-def _word_pieces(tokens: TokenPredictions, labels: Sequence[str], strategy: str) -> list[_Piece]:
-    pieces: list[_Piece] = []
-    position = 0
-    while position < len(tokens.word_ids):
-        stop = position + 1
-        while stop < len(tokens.word_ids) and (
-            (not tokens.word_starts[stop] and tokens.word_ids[stop] >= 0)
-            or tokens.offsets[stop][0] < tokens.offsets[stop - 1][1]
-        ):
-            stop += 1
-        distribution = _word_distribution(tokens.probs[position:stop], strategy)
-        best = int(np.argmax(distribution))
-        pieces.append(
-            _Piece(labels[best], float(distribution[best]), tokens.offsets[position][0], tokens.offsets[stop - 1][1])
-        )
-        position = stop
-    return pieces
-
-
-def _word_distribution(probs: np.ndarray, strategy: str) -> np.ndarray:
+def _word_pieces(tokens: TokenPredictions, strategy: str) -> _Pieces:
+    """One piece per word: a word starts at a token that starts a word (or has none) and shares no character with
+    the token before it; its distribution is `strategy`'s over its tokens."""
+    probs = tokens.probs
+    starts, ends = _spans(tokens)
+    count = len(starts)
+    if count == 0:
+        return _Pieces(np.empty(0, dtype=np.int64), np.empty(0), starts, ends)
+    word_starts = np.asarray(tokens.word_starts, dtype=bool)
+    no_word = np.asarray(tokens.word_ids, dtype=np.int64) < 0
+    opens = np.ones(count, dtype=bool)
+    opens[1:] = (word_starts[1:] | no_word[1:]) & (starts[1:] >= ends[:-1])
+    firsts = np.flatnonzero(opens)
+    lasts = np.append(firsts[1:], count) - 1
     if strategy == "first":
-        return probs[0]
-    if strategy == "average":
-        return probs.mean(axis=0)
-    return probs[int(np.argmax(probs.max(axis=-1)))]  # max: the distribution of the most confident piece
+        distributions = probs[firsts]
+    elif strategy == "average":
+        sums = np.add.reduceat(probs, firsts, axis=0)  # in the probabilities' dtype, as their mean sums them
+        distributions = (sums / (lasts - firsts + 1)[:, None]).astype(probs.dtype)
+    else:  # max: the distribution of the most confident token of the word (the first, on a tie)
+        word = np.cumsum(opens) - 1
+        order = np.lexsort((-probs.max(axis=-1), word))
+        distributions = probs[order[firsts]]
+    best = np.argmax(distributions, axis=-1)
+    scores = np.take_along_axis(distributions, best[:, None], axis=-1)[:, 0].astype(np.float64)
+    return _Pieces(best, scores, starts[firsts], ends[lasts])
