@@ -41,6 +41,9 @@ from bert_model.registry import resolve_model_path
 Truncation = Literal["longest_first", "only_first", "only_second", "none"]
 TRUNCATION_STRATEGIES: tuple[str, ...] = ("longest_first", "only_first", "only_second", "none")
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+HEAD_CHARS_PER_TOKEN = 8
+"""Characters per wanted token of the first prefix of a long text that only its first window is wanted of (a
+text of the BERT family's languages averages four to five characters per token)."""
 MAX_TRUNCATING_COPIES = 4
 """Most copies of a tokenizer that truncating calls use at once (a call beyond waits for one to come back)."""
 WITHOUT_TOKEN_TYPES = ["input_ids", "attention_mask"]
@@ -247,6 +250,8 @@ class BertTokenizer:
         """Whether the model takes segment ids: features of a model without them carry 0 throughout."""
         self.template = template if self.uses_token_types else template.without_types()
         """The special ids and segment ids of a text and of a pair, as the task features build them."""
+        self._longest_added = max((len(t.content) for t in tokenizer.get_added_tokens_decoder().values()), default=0)
+        """Characters of the longest added token (`_encode_heads`' margin)."""
         self._copies_returned = threading.Condition()
         self._idle_copies: list[Tokenizer] = []
         self._copies_built = 0
@@ -393,8 +398,11 @@ class BertTokenizer:
         truncation: Truncation = "longest_first",
         stride: int = 0,
         add_special_tokens: bool = True,
+        overflow: bool = True,
     ) -> list[Encoding]:
-        """Encode many inputs at once (in parallel, in Rust)."""
+        """Encode many inputs at once (in parallel, in Rust). `overflow=False`: only each input's first window is
+        wanted (`encoding.overflowing` then holds no more than the tokenized part); a long text without a pair is
+        then tokenized only as far as its first window needs (`_encode_heads`)."""
         _check_texts(texts, "texts")
         if pairs is not None:
             _check_texts(pairs, "pairs")
@@ -415,8 +423,11 @@ class BertTokenizer:
                         "shorten it or enable truncation"
                     )
             return list(encodings)
-        _check_stride(stride, limit, self._added_tokens(pairs is not None) if add_special_tokens else 0)
+        added = self._added_tokens(pairs is not None) if add_special_tokens else 0
+        _check_stride(stride, limit, added)
         with self._truncating(limit, truncation, stride) as tokenizer:
+            if not overflow and pairs is None and stride == 0:
+                return _encode_heads(tokenizer, list(texts), limit - added, self._longest_added, add_special_tokens)
             return _encode_all(tokenizer, inputs, add_special_tokens)
 
     @property
@@ -625,6 +636,49 @@ def _encode_all(tokenizer: Tokenizer, inputs: list[str | tuple[str, str]], add_s
         text, pair = inputs[0] if isinstance(inputs[0], tuple) else (inputs[0], None)
         return [tokenizer.encode(text, pair, add_special_tokens=add_special_tokens)]
     return list(tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens))
+
+
+def _encode_heads(
+    tokenizer: Tokenizer, texts: list[str], room: int, margin: int, add_special_tokens: bool
+) -> list[Encoding]:
+    """Each text's first window of `room` tokens, as `tokenizer` (which truncates) encodes the whole text, with a
+    long text tokenized only in part: a prefix of `HEAD_CHARS_PER_TOKEN` characters per token of `room`, four times
+    longer while it falls short.
+
+    A prefix gives the whole text's first window when that window ends before the prefix's last word and at least
+    `margin` characters (the longest added token) before the cut: normalizers and pre-tokenizers act on characters
+    and words, each word is tokenized on its own, so only the word the cut runs through (or an added token it cuts)
+    can come out otherwise. Where the pre-tokenizer makes one word of everything (no spaces, no pre-tokenizer), no
+    prefix qualifies and the whole text is tokenized, as without the cut."""
+    heads: list[Encoding | None] = [None] * len(texts)
+    pending = list(range(len(texts)))
+    chars = HEAD_CHARS_PER_TOKEN * room
+    while pending:
+        prefixes = [texts[i] if len(texts[i]) <= chars else texts[i][:chars] for i in pending]
+        encoded = _encode_all(tokenizer, list(prefixes), add_special_tokens)
+        short = []
+        for index, prefix, encoding in zip(pending, prefixes, encoded, strict=True):
+            if len(prefix) == len(texts[index]) or _clear_of_the_cut(encoding, len(prefix) - margin):
+                heads[index] = encoding
+            else:
+                short.append(index)
+        pending, chars = short, 4 * chars
+    return [head for head in heads if head is not None]
+
+
+def _clear_of_the_cut(encoding: Encoding, last_character: int) -> bool:
+    """Whether a truncated encoding of a prefix ends by `last_character` and before the prefix's last word: what
+    was cut off (`overflowing`, in order) holds a token of another word than its last token's."""
+    kept = [end for (_, end), part in zip(encoding.offsets, encoding.sequence_ids, strict=True) if part is not None]
+    if max(kept, default=0) > last_character:
+        return False
+    rest = [
+        word
+        for window in encoding.overflowing
+        for word, part in zip(window.word_ids, window.sequence_ids, strict=True)
+        if part is not None
+    ]
+    return any(word != rest[-1] for word in rest)
 
 
 def _check_stride(stride: int, limit: int, added: int) -> None:

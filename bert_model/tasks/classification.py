@@ -46,7 +46,7 @@ def build_classification_features(
     truncation: Truncation = "longest_first",
 ) -> list[ClassificationFeature]:
     """Encode `texts` (and `pairs`, as second segments) into one feature per input, in order."""
-    encodings = tokenizer.encode_batch(texts, pairs, max_length=max_seq_length, truncation=truncation)
+    encodings = tokenizer.encode_batch(texts, pairs, max_length=max_seq_length, truncation=truncation, overflow=False)
     return [
         ClassificationFeature(request_index=index, input_ids=list(e.ids), token_type_ids=segment_ids(tokenizer, e))
         for index, e in enumerate(encodings)

@@ -83,7 +83,8 @@ def build_fill_mask_features(
     mask_token = tokenizer.mask_token if mask_token is None else mask_token
     mask_id = mask_token_id(tokenizer, mask_token)
     features = []
-    for index, encoding in enumerate(tokenizer.encode_batch(texts, max_length=max_seq_length, truncation=truncation)):
+    encodings = tokenizer.encode_batch(texts, max_length=max_seq_length, truncation=truncation, overflow=False)
+    for index, encoding in enumerate(encodings):
         if mask_id not in encoding.ids:
             if mask_token in texts[index]:
                 raise ValueError(
