@@ -387,6 +387,7 @@ class Batcher:
         self._pending: list[_Item] = []
         self._arrivals = 0
         self._virtual = 0  # fair order's virtual time: the tag new requests start from (`_Item.tag`)
+        self._after_long = False  # the last batch cut held bulk work (`_gated_batch`)
         self._in_flight = 0
         self._reserved = 0  # rows admitted by `reserve` and not queued yet
         self._wakeup: asyncio.Event | None = None
@@ -663,20 +664,30 @@ class Batcher:
 
     def _gated_batch(self) -> list[_Item]:
         """The next batch, or [] when it is a long one the gate holds back and no short request's rows wait (they
-        go ahead of a held long batch)."""
+        go ahead of a held long batch).
+
+        While short requests come, a long batch is followed by the short requests' rows that wait, whatever their
+        turn in fair order: the rows of bulk work that the gate held back keep their early tags while short batches
+        move the virtual time on, and would otherwise run back to back once the gate opens, with every short
+        request behind them. So a short request waits on one long batch at most."""
         gate = self._gate
         if gate is None:
             return self._take_batch()
         priority = gate if gate.short_coming else None
-        batch = self._take_batch(priority)
-        assert self._wakeup is not None
-        if gate.may_start(_is_long(batch), self._wakeup):
-            gate.leave(self._wakeup)
-            return batch
-        gate.hold(self._wakeup)
-        if any(item.request.short for item in self._pending):
-            return self._take_batch(priority, short_only=True)
-        return []
+        short_waits = any(item.request.short for item in self._pending)
+        if priority is not None and self._after_long and short_waits:
+            batch = self._take_batch(priority, short_only=True)
+        else:
+            batch = self._take_batch(priority)
+            assert self._wakeup is not None
+            if gate.may_start(_is_long(batch), self._wakeup):
+                gate.leave(self._wakeup)
+            else:
+                gate.hold(self._wakeup)
+                batch = self._take_batch(priority, short_only=True) if short_waits else []
+        if batch:
+            self._after_long = _is_long(batch)
+        return batch
 
     def _full(self) -> bool:
         if len(self._pending) >= self.config.max_batch_size:

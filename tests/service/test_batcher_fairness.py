@@ -293,6 +293,43 @@ def test_short_requests_go_ahead_of_a_held_long_batch_and_held_long_batches_take
     assert finished["b"] - finished["a"] < 0.17, finished
 
 
+def test_rows_held_back_for_another_model_do_not_run_back_to_back_ahead_of_short_requests() -> None:
+    """A bulk request waits while another model's long batch holds the one long slot, and the short requests that
+    come meanwhile move the virtual time on, so its held rows keep the earliest tags. Once the slot is free, a short
+    request still waits on at most one long call (20 ms) before its own, not on every held row (8: 0.16 s)."""
+    gate = LongBatchGate(short_width=128, long_tokens=200)
+
+    async def go() -> list[float]:
+        batcher = _batcher(TokenTimedBackend(1e-4), gate, max_batch_size=8, max_wait_s=0)
+        await batcher.start()
+        deadline = time.perf_counter() + 20
+        latencies: list[tuple[float, float]] = []
+
+        async def short(i: int) -> None:
+            begun = time.perf_counter()
+            await batcher.submit([feat(10, i)], deadline)
+            latencies.append((begun, time.perf_counter() - begun))
+
+        gate.long_started()  # another model's long batch
+        shorts = [asyncio.ensure_future(short(0))]
+        await asyncio.sleep(0.002)
+        bulk = asyncio.ensure_future(batcher.submit([feat(200, i) for i in range(8)], deadline))
+        for i in range(1, 40):
+            await asyncio.sleep(0.005)
+            shorts.append(asyncio.ensure_future(short(i)))
+        gate.long_ended()
+        opened = time.perf_counter()
+        for i in range(40, 80):
+            await asyncio.sleep(0.005)
+            shorts.append(asyncio.ensure_future(short(i)))
+        await asyncio.gather(bulk, *shorts)
+        await batcher.close()
+        return [latency for begun, latency in latencies if begun > opened]
+
+    after = asyncio.run(go())
+    assert max(after) < 0.06, sorted(after)[-5:]
+
+
 def test_a_request_of_several_rows_is_not_starved_by_a_stream_of_one_row_requests() -> None:
     """A request of 3 long rows (one a call: the token budget) beside 16 closed-loop clients of one short row each:
     its rows wait a bounded number of calls, not until the stream stops (each new one-row request used to get the
