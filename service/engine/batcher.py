@@ -674,20 +674,21 @@ class Batcher:
         if gate is None:
             return self._take_batch()
         priority = gate if gate.short_coming else None
-        short_waits = any(item.request.short for item in self._pending)
-        if priority is not None and self._after_long and short_waits:
-            batch = self._take_batch(priority, short_only=True)
-        else:
-            batch = self._take_batch(priority)
-            assert self._wakeup is not None
-            if gate.may_start(_is_long(batch), self._wakeup):
-                gate.leave(self._wakeup)
-            else:
-                gate.hold(self._wakeup)
-                batch = self._take_batch(priority, short_only=True) if short_waits else []
-        if batch:
-            self._after_long = _is_long(batch)
-        return batch
+        if priority is not None and self._after_long and any(item.request.short for item in self._pending):
+            self._after_long = False
+            return self._take_batch(priority, short_only=True)
+        batch = self._take_batch(priority)
+        long = _is_long(batch)
+        assert self._wakeup is not None
+        if gate.may_start(long, self._wakeup):
+            gate.leave(self._wakeup)
+            self._after_long = long
+            return batch
+        gate.hold(self._wakeup)
+        if any(item.request.short for item in self._pending):
+            self._after_long = False
+            return self._take_batch(priority, short_only=True)
+        return []
 
     def _full(self) -> bool:
         if len(self._pending) >= self.config.max_batch_size:
