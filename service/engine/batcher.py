@@ -115,7 +115,8 @@ class BatchConfig:
     stretch_tokens: int = 64
     call_overhead_tokens: int = 16
     """The fixed cost of one backend call, in padded tokens' worth of compute: a batch is cut where padding one
-    more row would cost more than a call of its own (see `Batcher._take_batch`)."""
+    more row would cost more than a call of its own (see `Batcher._take_batch`). The engine measures it on the
+    served variant at warm-up (`service.engine.call_cost`): it differs by CPU."""
     max_queue: int = 512
     """Most features waiting (or, in passthrough, in flight); beyond it requests are rejected at once."""
     max_concurrency: int = 1

@@ -23,12 +23,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
+
 from bert_model.tasks.features import padded_width
+from bert_model.tokenization import pad_rows
 from bundles.serving import ServingBundle, find_bundles, open_bundle
 from service.backends.base import Backend
 from service.backends.variant_timing import VariantChoice
 from service.engine.admission import BoundedExecutor, Door
 from service.engine.batcher import BatchConfig, Batcher, LongBatchGate
+from service.engine.call_cost import PROBE_WIDTH, measure_overhead_tokens
 from service.engine.inputs import Limits, TaskInput
 from service.engine.pipelines import Pipeline, make_pipeline
 from service.errors import BackendUnavailable, InvalidInput, NotReady, Overloaded, ServiceError, UnknownModel
@@ -177,6 +181,8 @@ class Engine:
         for model in self.models.values():
             for _ in range(self.settings.warmup_rounds):
                 await self._warm_up(model)
+            if self.settings.warmup_rounds:
+                await self._measure_call_cost(model)
         # What loading left alive (modules, tokenizers, runtimes: some 100,000 objects) moves out of the collector's
         # reach: a full collection then walks only what requests allocated since, instead of stopping the event
         # loop to walk the server's own state.
@@ -344,6 +350,23 @@ class Engine:
         deadline = time.perf_counter() + max(self.settings.request_timeout_s, 60.0)
         await model.batcher.submit(model.pipeline.filler_batch(rows), deadline)
         log.info("warmed up", extra={"model": model.name, "ms": round((time.perf_counter() - start) * 1000, 1)})
+
+    async def _measure_call_cost(self, model: LoadedModel) -> None:
+        """The backend's fixed cost per call in tokens (`service.engine.call_cost`), which the batcher weighs against
+        padding; kept at its default where the backend batches itself or batches hold one row."""
+        config = model.batcher.config
+        if config.passthrough or config.max_batch_size < 2:
+            return
+        width = min(PROBE_WIDTH, model.pipeline.max_seq_length)
+        pipeline, pad_id = model.pipeline, model.bundle.tokenizer.pad_id
+
+        def feed(rows: int) -> dict[str, np.ndarray]:
+            features = pipeline.filler_batch(rows, width)
+            return pad_rows([f.input_ids for f in features], [f.token_type_ids for f in features], width, pad_id)
+
+        rows = min(config.max_batch_size, max(2, config.max_batch_tokens // width))
+        config.call_overhead_tokens = await measure_overhead_tokens(model.backend.infer, feed, rows, width)
+        log.info("call cost", extra={"model": model.name, "overhead_tokens": config.call_overhead_tokens})
 
     async def close(self) -> None:
         """Stop batchers (finishing running batches) and release backends; nothing here blocks the event loop
