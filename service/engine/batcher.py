@@ -28,7 +28,6 @@ SIGCOMM'96).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -351,18 +350,6 @@ class Reservation:
         self.release()
 
 
-class _Slot:
-    """One batch's place among the backend's concurrent calls (`BatchConfig.max_concurrency`), given back once."""
-
-    def __init__(self, slots: asyncio.Semaphore) -> None:
-        self._slots: asyncio.Semaphore | None = slots
-
-    def free(self) -> None:
-        if self._slots is not None:
-            self._slots.release()
-            self._slots = None
-
-
 class Batcher:
     """Per-model request queue and batch loop; `submit()` is safe to call from any coroutine on the loop.
 
@@ -631,10 +618,9 @@ class Batcher:
             long = _is_long(batch)
             alone = self._run_alone is not None and not self._batch_tasks and not self._pending
             alone = alone and (self._gate is None or self._gate.may_use_all_cores(long))
-            slot = _Slot(self._slots)
-            task = asyncio.create_task(self._execute(batch, alone, slot))
+            task = asyncio.create_task(self._execute(batch, alone))
             self._batch_tasks.add(task)
-            task.add_done_callback(functools.partial(self._batch_finished, slot))
+            task.add_done_callback(self._batch_finished)
             if self._gate is not None and long:
                 self._gate.long_started()
                 task.add_done_callback(lambda _: self._long_ended())
@@ -643,9 +629,10 @@ class Batcher:
         assert self._gate is not None
         self._gate.long_ended()
 
-    def _batch_finished(self, slot: _Slot, task: asyncio.Task[None]) -> None:
+    def _batch_finished(self, task: asyncio.Task[None]) -> None:
         self._batch_tasks.discard(task)
-        slot.free()  # when the batch ended before its backend call did (nothing left to run, or an error)
+        assert self._slots is not None
+        self._slots.release()
         if not task.cancelled() and task.exception() is not None:  # its requests were answered before it raised
             log.error("a batch of model %s ended with an error", self.model, exc_info=task.exception())
 
@@ -795,16 +782,15 @@ class Batcher:
         return self.config.max_padding is None or rows * longest <= (1 + self.config.max_padding) * real
 
     # ---- running a batch --------------------------------------------------------------------------
-    async def _execute(self, batch: list[_Item], alone: bool = False, slot: _Slot | None = None) -> None:
+    async def _execute(self, batch: list[_Item], alone: bool = False) -> None:
         """Run one batch and answer its requests. Whatever raises on the way (padding, the backend, the output
         checks, the observer, delivery) fails exactly this batch's requests at once, is logged, and the next
-        batch runs; `_count_failure` decides whether the model has failed for good. `slot` is the batch's place
-        among the backend's concurrent calls (None for a passthrough call), given back when its call ends."""
+        batch runs; `_count_failure` decides whether the model has failed for good."""
         batch = [item for item in batch if not item.request.future.done()]
         if not batch:
             return
         try:
-            failure = await self._run_and_deliver(batch, alone, slot)
+            failure = await self._run_and_deliver(batch, alone)
         except Exception:  # a bug of our own on the batch path: Internal, with the id of its log line
             failure = Internal(f"internal error on this request's batch of model {self.model!r}")
             extra = {"model": self.model, "rows": len(batch), "error_id": failure.error_id}
@@ -815,7 +801,7 @@ class Batcher:
         self._fail(batch, failure)
         self._count_failure(failure)
 
-    async def _run_and_deliver(self, batch: list[_Item], alone: bool, slot: _Slot | None) -> ServiceError | None:
+    async def _run_and_deliver(self, batch: list[_Item], alone: bool) -> ServiceError | None:
         """Pad, run, check and deliver one batch; returns the backend's failure (None when delivered)."""
         start = time.perf_counter()
         for item in batch:
@@ -832,7 +818,7 @@ class Batcher:
             run = self._run_alone
             self.alone_calls += 1
         try:
-            outputs = await self._call(run, arrays, extra, slot)
+            outputs = await (run(arrays, extra) if extra else run(arrays))
             self._check_outputs(outputs, arrays, self.output_names + extra)
         except ServiceError as error:
             if isinstance(error, BackendError):  # with the runtime's own exception it was raised from
@@ -848,22 +834,6 @@ class Batcher:
             self._observer.batch_done(self.model, len(batch), tokens, padded, elapsed, alone=run is self._run_alone)
         self._deliver(batch, outputs, elapsed)
         return None
-
-    async def _call(
-        self, run: RunBatch, arrays: dict[str, np.ndarray], extra: tuple[str, ...], slot: _Slot | None
-    ) -> dict[str, np.ndarray]:
-        """The backend call. Its slot is given back as soon as the call ends, and the batch loop gets one turn of the
-        event loop before the batch's answers are delivered: the next batch is cut and handed to the runtime first,
-        so the runtime computes it while this batch's requests are post-processed and answered on the event loop,
-        instead of waiting behind them."""
-        try:
-            outputs = await (run(arrays, extra) if extra else run(arrays))
-        finally:
-            if slot is not None:
-                slot.free()
-        if slot is not None and self._pending:
-            await asyncio.sleep(0)
-        return outputs
 
     def _width(self, longest: int) -> int:
         return padded_width(longest, self.config.width_multiple, self.config.max_width)

@@ -625,32 +625,3 @@ def test_extra_outputs_are_fetched_only_for_the_batches_that_ask_for_them() -> N
     states = [out["states"] for out in extra.outputs]  # type: ignore[attr-defined]
     assert [s.shape for s in states] == [(3, 3), (7, 3)]  # each input's own tokens, not the batch's padded width
     np.testing.assert_array_equal(states[1][:, 0], feat(7, 2).input_ids)
-
-
-def test_the_next_batch_starts_before_the_finished_batch_is_answered() -> None:
-    """With one call at a time, a finished batch frees the backend before its requests are answered: the batch that
-    waits is on the backend while the event loop post-processes the answers, instead of waiting behind them."""
-    events: list[str] = []
-    backend = FakeBackend(delay=0.01)
-
-    async def recorded(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        events.append(f"call {int(arrays['input_ids'][0, 0])}")
-        return await backend(arrays)
-
-    async def client(batcher: Batcher, seed: int, deadline: float) -> None:
-        await batcher.submit([Feat([seed, 7, 7], [0, 0, 0])], deadline)
-        events.append(f"answer {seed}")
-
-    async def go() -> None:
-        batcher = make(recorded, max_batch_size=2, max_wait_s=0.0, max_concurrency=1)
-        await batcher.start()
-        deadline = time.perf_counter() + 10
-        await asyncio.gather(*(client(batcher, seed, deadline) for seed in (11, 12, 13, 14)))
-        await batcher.close()
-
-    run(go())
-    assert len(backend.calls) == 2, backend.calls
-    first, second = (event for event in events if event.startswith("call"))
-    answers = [event for event in events if event.startswith("answer")]
-    assert events.index(second) < events.index(answers[0]), events  # the second batch ran before any answer
-    assert events.index(first) < events.index(second)
