@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from service.engine.batcher import BatchConfig
 from service.engine.call_cost import (
     MAX_OVERHEAD_TOKENS,
     MIN_OVERHEAD_TOKENS,
@@ -115,4 +116,4 @@ def test_the_engine_gives_each_batcher_the_cost_measured_on_its_backend(
     assert MIN_OVERHEAD_TOKENS <= tokens <= MAX_OVERHEAD_TOKENS
     assert (1, PROBE_WIDTH) in shapes and any(rows > 1 and width == PROBE_WIDTH for rows, width in shapes), shapes
     unbatched, _ = asyncio.run(measured(False))
-    assert unbatched == 16  # the default: no batches to cut
+    assert unbatched == BatchConfig().call_overhead_tokens  # the default: no batches to cut
