@@ -35,6 +35,7 @@ from service.errors import (
     ServiceError,
     UnsupportedMediaType,
 )
+from service.http_api.direct_routes import DirectRoutes, direct_routes
 from service.http_api.encoder_routes import add_encoder_routes
 from service.http_api.hf_routes import add_hf_routes
 from service.http_api.middleware import (
@@ -149,6 +150,7 @@ def create_app(settings: ServiceSettings | None = None, engine: Engine | None = 
     if settings.playground:
         add_playground_routes(app)
     key = settings.api_key.get_secret_value().encode() if settings.api_key is not None else None
+    app.add_middleware(DirectRoutes, routes=direct_routes(app.routes))  # innermost: inside the door
     app.add_middleware(
         DoorMiddleware,
         door=engine.door,
