@@ -164,12 +164,22 @@ def test_a_real_server_answers_the_same_past_the_router_as_through_it(
 ) -> None:
     """`application/json` is answered directly; `application/vnd.bertserve+json` (JSON as well) goes through
     FastAPI's router: same status, body and headers (timings aside), and the route's metrics are counted alike."""
+    counter = f'bertserve_requests_total{{route="{path}",status="200",transport="http"}}'
     with httpx.Client(base_url=server.url, timeout=30.0) as client:
+        before = _count(client.get("/metrics").text, counter)
         direct = client.post(path, json=body)
         routed = client.post(path, json=body, headers={"content-type": "application/vnd.bertserve+json"})
-        metrics = client.get("/metrics").text
+        after = _count(client.get("/metrics").text, counter)
     assert direct.status_code == routed.status_code == 200, (direct.text, routed.text)
     assert direct.json() == routed.json()
     assert set(direct.headers) == set(routed.headers)
     assert direct.headers["content-type"] == routed.headers["content-type"]
-    assert f'bertserve_requests_total{{route="{path}",status="200",transport="http"}}' in metrics
+    assert after == before + 2
+
+
+def _count(exposition: str, series: str) -> float:
+    """The value of one series of a Prometheus exposition (0 before its first sample)."""
+    for line in exposition.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
