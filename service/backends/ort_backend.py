@@ -62,14 +62,17 @@ async def start_fastest_cpu_variant(
 
 
 OPENVINO_WIDTH_MULTIPLE = 16
-"""Batch width multiple OpenVINO variants prefer on CPUs with VNNI or AMX: their kernels run a width that is a
-multiple of 16 faster than the widths just below it (`python -m bertserve.benchmarks.widths`, docs/benchmarks.md
-"Batch widths"). ONNX Runtime's CPU kernels pay for every padded column, so its variants pad to the longest row."""
+"""Batch width multiple OpenVINO variants may prefer on CPUs with VNNI or AMX: their kernels can run a width that
+is a multiple of 16 faster than the widths just below it (`python -m bertserve.benchmarks.widths`,
+docs/benchmarks.md "Batch widths"). Whether they do depends on the CPU and the graph, so the engine times it at
+warm-up (`service.engine.call_cost.measure_width_multiple`) and keeps it only where it pays. ONNX Runtime's CPU
+kernels pay for every padded column, so its variants pad to the longest row."""
 
 
 def openvino_width_multiple(cpu: CpuInfo) -> int:
-    """`OPENVINO_WIDTH_MULTIPLE` on CPUs with VNNI or AMX, 1 (the longest row) on those without: there OpenVINO's
-    kernels pay for the padded columns as ONNX Runtime's do."""
+    """The multiple an OpenVINO variant proposes: `OPENVINO_WIDTH_MULTIPLE` on CPUs with VNNI or AMX, 1 (the longest
+    row, nothing to time) on those without: there OpenVINO's kernels pay for the padded columns as ONNX Runtime's
+    do."""
     return 1 if cpu.matrix_family == "no VNNI" else OPENVINO_WIDTH_MULTIPLE
 
 

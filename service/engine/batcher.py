@@ -9,8 +9,9 @@ them) from the length-sorted queue (or its `window` first features), so padding 
 no row is padded to more than `max_stretch` x the batch's shortest row (+ `stretch_tokens`), so a short request
 never waits on the compute of much longer rows. A `LongBatchGate` shared by a process's batchers holds batches of
 long rows to one at a time (and off the all-cores copy) while short requests come. The padded width is the longest
-row rounded up to the backend's `width_multiple` (OpenVINO's kernels on CPUs with VNNI or AMX run widths that are
-multiples of 16 faster than the widths just below them), never past the graph's longest input. The queue is
+row rounded up to the backend's `width_multiple` (OpenVINO's kernels on some CPUs run widths that are multiples of
+16 faster than the widths just below them; the engine keeps the multiple where it measures so), never past the
+graph's longest input. The queue is
 bounded: a request that does not fit is rejected at once (`Overloaded`). Requests whose deadline passed (or whose
 caller went away) are dropped before compute. A failure anywhere on a batch's path (padding, the backend, the output
 checks, delivery) fails only the requests of that batch, at once, and outputs are checked to have one row per input
@@ -125,7 +126,7 @@ class BatchConfig:
     pad_id: int = 0
     width_multiple: int = 1
     """A batch is padded to its longest row rounded up to a multiple of this (1 = the longest row): the backend's
-    preference (`Backend.width_multiple`)."""
+    preference (`Backend.width_multiple`), kept by the engine where rounded batches run no slower at warm-up."""
     max_width: int | None = None
     """The graph's longest input: rounding up never pads past it (None = no cap)."""
     max_consecutive_failures: int = 0

@@ -1,4 +1,5 @@
-"""What one backend call costs beyond its tokens, measured on the served variant at warm-up.
+"""What one backend call costs beyond its tokens, and whether rounding its width up pays, measured on the served
+variant at warm-up.
 
 A call of `rows` x `width` padded tokens takes about `fixed + per_token x rows x width`. The batcher cuts a batch
 where padding one more row would cost more than a call of its own (`BatchConfig.call_overhead_tokens`), so it needs
@@ -6,14 +7,21 @@ where padding one more row would cost more than a call of its own (`BatchConfig.
 units shrink the cost per token, not the hand-off to the runtime's threads), on the runtime and on the graph, so it is
 timed on the running backend: calls of one row and of `rows` rows of the same width, alternately, medians taken
 (other processes on the machine make single timings noisy).
+
+OpenVINO's kernels may run a width that is a multiple of their block (16) faster than the widths just below it, so
+padding a batch up to that multiple can cost less than its longest row. Whether it does depends on the CPU and the
+graph (it pays on Intel's AMX, and costs on AMD's Zen 5 with the same static int8 graph), so `measure_width_multiple`
+times batches at widths between two multiples against the same batches rounded up, and keeps the multiple only where
+the rounded ones are no slower; else each batch is padded to its longest row.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -76,3 +84,33 @@ async def _alternate_medians(
             await infer(inputs)
             taken.append(clock() - start)
     return statistics.median(times[0]), statistics.median(times[1])
+
+
+WIDTH_PROBES = (20, 36, 52)
+"""Widths timed against the multiple above them: short sentences' widths, a quarter into each gap between multiples
+of 16 up to 64."""
+WIDTH_PROBE_ROWS = 8
+
+
+async def measure_width_multiple(
+    infer: Infer,
+    feed: Callable[[int, int, int], dict[str, np.ndarray]],
+    multiple: int,
+    rows: int = WIDTH_PROBE_ROWS,
+    widths: Sequence[int] = WIDTH_PROBES,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[int, float]:
+    """`multiple` if batches rounded up to it run no slower than the same batches at their own width on the backend
+    behind `infer`, else 1; with the median ratio of (rounded / own width) call times. `feed(rows, tokens, width)`:
+    the inputs of a call of `rows` rows of `tokens` tokens padded to `width`."""
+    if multiple <= 1:
+        return 1, 1.0
+    ratios: list[float] = []
+    for width in widths:
+        rounded = math.ceil(width / multiple) * multiple
+        if rounded == width:
+            continue
+        own, up = await _alternate_medians(infer, feed(rows, width, width), feed(rows, width, rounded), clock)
+        ratios.append(up / own)
+    ratio = statistics.median(ratios) if ratios else 1.0
+    return (multiple if ratio <= 1.0 else 1), ratio

@@ -32,7 +32,12 @@ from service.backends.base import Backend
 from service.backends.variant_timing import VariantChoice
 from service.engine.admission import BoundedExecutor, Door
 from service.engine.batcher import BatchConfig, Batcher, LongBatchGate
-from service.engine.call_cost import PROBE_WIDTH, measure_overhead_tokens
+from service.engine.call_cost import (
+    PROBE_WIDTH,
+    WIDTH_PROBE_ROWS,
+    measure_overhead_tokens,
+    measure_width_multiple,
+)
 from service.engine.inputs import Limits, TaskInput
 from service.engine.pipelines import Pipeline, make_pipeline
 from service.errors import BackendUnavailable, InvalidInput, NotReady, Overloaded, ServiceError, UnknownModel
@@ -353,20 +358,37 @@ class Engine:
 
     async def _measure_call_cost(self, model: LoadedModel) -> None:
         """The backend's fixed cost per call in tokens (`service.engine.call_cost`), which the batcher weighs against
-        padding; kept at its default where the backend batches itself or batches hold one row."""
+        padding, and whether rounding widths up to the backend's preferred multiple pays on this CPU (unless
+        `pad_multiple` is set); kept at their defaults where the backend batches itself or batches hold one row."""
         config = model.batcher.config
         if config.passthrough or config.max_batch_size < 2:
             return
         width = min(PROBE_WIDTH, model.pipeline.max_seq_length)
         pipeline, pad_id = model.pipeline, model.bundle.tokenizer.pad_id
 
-        def feed(rows: int) -> dict[str, np.ndarray]:
-            features = pipeline.filler_batch(rows, width)
-            return pad_rows([f.input_ids for f in features], [f.token_type_ids for f in features], width, pad_id)
+        def feed(rows: int, tokens: int, padded_to: int) -> dict[str, np.ndarray]:
+            features = pipeline.filler_batch(rows, tokens)
+            return pad_rows([f.input_ids for f in features], [f.token_type_ids for f in features], padded_to, pad_id)
 
         rows = min(config.max_batch_size, max(2, config.max_batch_tokens // width))
-        config.call_overhead_tokens = await measure_overhead_tokens(model.backend.infer, feed, rows, width)
-        log.info("call cost", extra={"model": model.name, "overhead_tokens": config.call_overhead_tokens})
+        config.call_overhead_tokens = await measure_overhead_tokens(
+            model.backend.infer, lambda n: feed(n, width, width), rows, width
+        )
+        ratio = None
+        if self.settings.pad_multiple is None and config.width_multiple > 1:
+            probe_rows = min(config.max_batch_size, WIDTH_PROBE_ROWS)
+            config.width_multiple, ratio = await measure_width_multiple(
+                model.backend.infer, feed, config.width_multiple, probe_rows
+            )
+        log.info(
+            "call cost",
+            extra={
+                "model": model.name,
+                "overhead_tokens": config.call_overhead_tokens,
+                "width_multiple": config.width_multiple,
+                "rounded_width_time_ratio": None if ratio is None else round(ratio, 3),
+            },
+        )
 
     async def close(self) -> None:
         """Stop batchers (finishing running batches) and release backends; nothing here blocks the event loop

@@ -14,7 +14,9 @@ from service.engine.call_cost import (
     MAX_OVERHEAD_TOKENS,
     MIN_OVERHEAD_TOKENS,
     PROBE_WIDTH,
+    WIDTH_PROBES,
     measure_overhead_tokens,
+    measure_width_multiple,
     overhead_tokens,
 )
 from service.engine.engine import Engine
@@ -117,3 +119,76 @@ def test_the_engine_gives_each_batcher_the_cost_measured_on_its_backend(
     assert (1, PROBE_WIDTH) in shapes and any(rows > 1 and width == PROBE_WIDTH for rows, width in shapes), shapes
     unbatched, _ = asyncio.run(measured(False))
     assert unbatched == BatchConfig().call_overhead_tokens  # the default: no batches to cut
+
+
+def _width_feed(rows: int, tokens: int, width: int) -> dict[str, np.ndarray]:
+    ids = np.zeros((rows, width), dtype=np.int64)
+    ids[:, :tokens] = 1
+    return {"input_ids": ids}
+
+
+@pytest.mark.parametrize(
+    ("seconds_per_width", "kept"),
+    [
+        (lambda width: 1e-3 * width, 1),  # every padded column costs: pad to the longest row
+        (lambda width: 1e-3 * width * (0.6 if width % 16 == 0 else 1.0), 16),  # multiples of 16 run faster
+        (lambda width: 5e-3, 16),  # the width does not matter: rounding costs nothing
+    ],
+)
+def test_the_width_multiple_is_kept_where_rounded_batches_run_no_slower(
+    seconds_per_width: Callable[[int], float], kept: int
+) -> None:
+    clock, shapes = _Clock(), list[tuple[int, ...]]()
+
+    async def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shapes.append(inputs["input_ids"].shape)
+        clock.now += seconds_per_width(inputs["input_ids"].shape[1])
+        return {}
+
+    multiple, ratio = asyncio.run(measure_width_multiple(infer, _width_feed, 16, clock=clock))
+    assert multiple == kept
+    assert (ratio > 1.0) == (kept == 1)
+    assert {width for _, width in shapes} == {*WIDTH_PROBES, 32, 48, 64}  # each probe width and its rounding
+    assert asyncio.run(measure_width_multiple(infer, _width_feed, 1, clock=clock)) == (1, 1.0)  # nothing to choose
+
+
+@pytest.mark.parametrize(
+    ("slow_widths", "pad_multiple", "kept"), [("rounded", None, 1), ("own", None, 16), ("rounded", 16, 16)]
+)
+def test_the_engine_keeps_a_backends_width_multiple_only_where_it_pays(
+    tiny_bundles: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    slow_widths: str,
+    pad_multiple: int | None,
+    kept: int,
+) -> None:
+    """A backend that prefers widths of 16 (as OpenVINO's does on CPUs with VNNI or AMX) keeps them where its
+    rounded batches run no slower at warm-up; a `pad_multiple` setting is kept as it is, unmeasured."""
+    start_batcher = Engine._start_batcher
+
+    async def preferring_16(self: Engine, bundle, pipeline, backend):  # type: ignore[no-untyped-def]
+        infer = backend.infer
+
+        async def timed(inputs: dict[str, np.ndarray], *extra: object) -> dict[str, np.ndarray]:
+            width = inputs["input_ids"].shape[1]
+            if (width % 16 == 0) == (slow_widths == "rounded") and width < PROBE_WIDTH * 2 + 1:
+                await asyncio.sleep(0.02)
+            return await infer(inputs, *extra)
+
+        backend.infer = timed
+        backend.width_multiple = 16
+        return await start_batcher(self, bundle, pipeline, backend)
+
+    monkeypatch.setattr(Engine, "_start_batcher", preferring_16)
+
+    async def multiple() -> int:
+        settings = ServiceSettings(models=[str(tiny_bundles["classify"])], warmup_rounds=1, pad_multiple=pad_multiple)
+        engine = Engine(settings)
+        await engine.load()
+        try:
+            (model,) = engine.models.values()
+            return model.batcher.config.width_multiple
+        finally:
+            await engine.close()
+
+    assert asyncio.run(multiple()) == kept
