@@ -192,3 +192,33 @@ def test_the_engine_keeps_a_backends_width_multiple_only_where_it_pays(
             await engine.close()
 
     assert asyncio.run(multiple()) == kept
+
+
+def test_the_width_probe_stays_within_the_served_length(
+    tiny_bundles: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model served at 40 tokens is probed at width 20 against 32 only: 36 and 52 would round up past it."""
+    widths: set[int] = set()
+    start_batcher = Engine._start_batcher
+
+    async def short_preferring_16(self: Engine, bundle, pipeline, backend):  # type: ignore[no-untyped-def]
+        infer = backend.infer
+
+        async def recorded(inputs: dict[str, np.ndarray], *extra: object) -> dict[str, np.ndarray]:
+            widths.add(inputs["input_ids"].shape[1])
+            return await infer(inputs, *extra)
+
+        backend.infer = recorded
+        backend.width_multiple = 16
+        pipeline.max_seq_length = 40
+        return await start_batcher(self, bundle, pipeline, backend)
+
+    monkeypatch.setattr(Engine, "_start_batcher", short_preferring_16)
+
+    async def load() -> None:
+        engine = Engine(ServiceSettings(models=[str(tiny_bundles["classify"])], warmup_rounds=1))
+        await engine.load()
+        await engine.close()
+
+    asyncio.run(load())
+    assert {20, 32} <= widths and max(widths) <= 40, widths
