@@ -91,8 +91,8 @@ class ServiceSettings(BaseSettings):
         default=None,
         ge=1,
         description="Pad each batch to its longest sequence rounded up to a multiple of N (unset = the backend's "
-        "choice: 16 for OpenVINO variants on CPUs with VNNI or AMX, whose kernels run such widths fast; 1, the "
-        "longest sequence, else).",
+        "choice, timed at warm-up: 16 for OpenVINO variants on CPUs with VNNI or AMX where batches rounded up to 16 "
+        "run no slower; 1, the longest sequence, else).",
     )
     max_queue: int = Field(default=512, ge=1, description="Features waiting per model; beyond it requests get 429.")
     priority_width: int | None = Field(
