@@ -18,12 +18,13 @@ the rounded ones are no slower; else each batch is padded to its longest row.
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
+
+from bert_model.tasks.features import padded_width
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +100,18 @@ async def measure_width_multiple(
     rows: int = WIDTH_PROBE_ROWS,
     widths: Sequence[int] = WIDTH_PROBES,
     clock: Callable[[], float] = time.perf_counter,
+    max_width: int | None = None,
 ) -> tuple[int, float]:
     """`multiple` if batches rounded up to it run no slower than the same batches at their own width on the backend
     behind `infer`, else 1; with the median ratio of (rounded / own width) call times. `feed(rows, tokens, width)`:
-    the inputs of a call of `rows` rows of `tokens` tokens padded to `width`."""
+    the inputs of a call of `rows` rows of `tokens` tokens padded to `width`. Widths whose rounding would pass
+    `max_width` (the longest rows the graph is served) are not probed."""
     if multiple <= 1:
         return 1, 1.0
     ratios: list[float] = []
     for width in widths:
-        rounded = math.ceil(width / multiple) * multiple
-        if rounded == width:
+        rounded = padded_width(width, multiple)
+        if rounded == width or (max_width is not None and rounded > max_width):
             continue
         own, up = await _alternate_medians(infer, feed(rows, width, width), feed(rows, width, rounded), clock)
         ratios.append(up / own)

@@ -35,7 +35,6 @@ from service.engine.batcher import BatchConfig, Batcher, LongBatchGate
 from service.engine.call_cost import (
     PROBE_WIDTH,
     WIDTH_PROBE_ROWS,
-    WIDTH_PROBES,
     measure_overhead_tokens,
     measure_width_multiple,
 )
@@ -377,11 +376,9 @@ class Engine:
         )
         ratio = None
         if self.settings.pad_multiple is None and config.width_multiple > 1:
-            multiple, longest = config.width_multiple, model.pipeline.max_seq_length
-            widths = [probe for probe in WIDTH_PROBES if -(-probe // multiple) * multiple <= longest]  # fit the graph
             probe_rows = min(config.max_batch_size, WIDTH_PROBE_ROWS)
             config.width_multiple, ratio = await measure_width_multiple(
-                model.backend.infer, feed, multiple, probe_rows, widths
+                model.backend.infer, feed, config.width_multiple, probe_rows, max_width=model.pipeline.max_seq_length
             )
         log.info(
             "call cost",

@@ -26,7 +26,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ServiceError
-from service.http_api.middleware import service_error_response, unexpected_error_response
+from service.http_api.middleware import first_header, service_error_response, unexpected_error_response
 
 
 @dataclass(frozen=True)
@@ -104,10 +104,8 @@ class DirectRoutes:
 
 def _json_body(scope: Scope) -> bool:
     """The body is JSON by its Content-Type: `application/json`, or none given (read as JSON, as the routes do)."""
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            return bool(value.split(b";", 1)[0].strip().lower() == b"application/json")
-    return True
+    content_type = first_header(scope, b"content-type")
+    return content_type is None or content_type.split(b";", 1)[0].strip().lower() == b"application/json"
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -154,7 +154,7 @@ class DoorMiddleware:
     def _refusal(self, scope: Scope, path: str) -> ServiceError | None:
         """What refuses the request from its head alone: a missing or wrong API key, a declared body too large."""
         if self.api_key is not None and path not in PROBE_PATHS and not (self.public_pages and _is_page(path)):
-            authorization = _header(scope, b"authorization")
+            authorization = first_header(scope, b"authorization")
             if not bearer_matches(authorization, self.api_key):
                 return Unauthenticated("missing or wrong API key: send `Authorization: Bearer <key>`")
         declared = _content_length(scope)
@@ -256,7 +256,7 @@ def _uncounted(path: str) -> bool:
     return path in PROBE_PATHS or _is_page(path)
 
 
-def _header(scope: Scope, wanted: bytes) -> bytes | None:
+def first_header(scope: Scope, wanted: bytes) -> bytes | None:
     """The first header of that (lower-case) name, as Starlette reads it."""
     for name, value in scope.get("headers", []):
         if name == wanted:
@@ -265,7 +265,7 @@ def _header(scope: Scope, wanted: bytes) -> bytes | None:
 
 
 def _content_length(scope: Scope) -> int | None:
-    value = _header(scope, b"content-length")
+    value = first_header(scope, b"content-length")
     try:
         return int(value[:32]) if value is not None else None
     except ValueError:
@@ -292,7 +292,7 @@ class MetricsMiddleware:
             return
         start = time.perf_counter()
         status = 500
-        given = _header(scope, _REQUEST_ID)
+        given = first_header(scope, _REQUEST_ID)
         request_id = given.decode("latin-1")[:128] if given is not None else new_request_id()
 
         async def send_status(message: Message) -> None:
@@ -334,6 +334,7 @@ __all__ = [
     "DoorMiddleware",
     "MetricsMiddleware",
     "error_response",
+    "first_header",
     "new_request_id",
     "service_error_response",
     "unexpected_error_response",
